@@ -1,0 +1,2 @@
+#include <cstdio>
+int main() { std::puts("lowbit"); return 0; }
