@@ -1,0 +1,15 @@
+// The subcommands of the `lowbit` command. Each file cmd_<name>.cpp adds one
+// subcommand to the app; its callback throws lowbit::Error on failure and
+// main() turns that into a message and exit code 1 (usage errors: 2).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace lowbit::cli {
+
+void add_env_command(CLI::App& app);
+void add_inspect_command(CLI::App& app);
+void add_quantize_command(CLI::App& app);
+void add_dequantize_command(CLI::App& app);
+
+}  // namespace lowbit::cli
