@@ -41,8 +41,9 @@ void Progress::draw(const std::string& item) {
     std::fflush(stderr);
     return;
   }
+  // Logs get a line per tenth of the way, and none at all for jobs under a second.
   const int decile = static_cast<int>(fraction * 10);
-  if (decile != last_decile_) {
+  if (decile != last_decile_ && elapsed >= 1.0) {
     last_decile_ = decile;
     std::fprintf(stderr, "%s: %lld/%lld (%d%%) %.1fs\n", what_.c_str(),
                  static_cast<long long>(done_), static_cast<long long>(total_),

@@ -1,0 +1,157 @@
+// `lowbit inspect FILE|DIR`: the tensors of a checkpoint (name, dtype, shape,
+// bytes), its config, and the quantization format and group size detected
+// from the config and checked against the tensor shapes.
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "lowbit/checkpoint/quantized_checkpoint.h"
+#include "lowbit/io/hf_config.h"
+
+namespace lowbit::cli {
+namespace {
+
+std::string human_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 4) {
+    bytes /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", bytes, units[u]);
+  return buf;
+}
+
+struct LayerSummary {
+  std::string prefix;
+  std::string layout;
+  int64_t K = 0, N = 0;
+  int group_size = 0;
+  std::string zero_point;
+  bool act_order = false;
+};
+
+nlohmann::json inspect(const std::string& path) {
+  const io::Checkpoint ck = io::Checkpoint::open(path);
+  nlohmann::json out;
+  out["path"] = path;
+  nlohmann::json files = nlohmann::json::array();
+  for (const auto& f : ck.files()) files.push_back(f.path().filename().string());
+  out["files"] = files;
+  if (ck.config()) {
+    const io::HfConfig& c = *ck.config();
+    out["config"] = {{"model_type", c.model_type},         {"architectures", c.architectures},
+                     {"hidden_size", c.hidden_size},       {"intermediate_size", c.intermediate_size},
+                     {"num_hidden_layers", c.num_hidden_layers}, {"num_attention_heads", c.num_attention_heads},
+                     {"num_key_value_heads", c.num_key_value_heads}, {"vocab_size", c.vocab_size},
+                     {"torch_dtype", c.torch_dtype}};
+  }
+  const io::QuantizationInfo& q = ck.quantization();
+  out["quantization"] = {{"method", io::quant_method_name(q.method)}};
+  if (q.method != io::QuantMethod::none) {
+    out["quantization"].update({{"bits", q.bits}, {"group_size", q.group_size}, {"sym", q.sym},
+                                {"desc_act", q.desc_act}, {"source", q.source}});
+    if (q.method == io::QuantMethod::gptq) out["quantization"]["checkpoint_format"] = q.checkpoint_format;
+    if (q.method == io::QuantMethod::awq) out["quantization"]["version"] = q.awq_version;
+  }
+
+  nlohmann::json tensors = nlohmann::json::array();
+  uint64_t total = 0;
+  int64_t quantizable = 0;
+  for (const std::string& name : ck.tensor_names()) {
+    const TensorView v = ck.view(name);
+    std::vector<int64_t> shape(v.shape.begin(), v.shape.begin() + v.rank);
+    tensors.push_back({{"name", name}, {"dtype", dtype_name(v.dtype)}, {"shape", shape}, {"bytes", v.nbytes()}});
+    total += v.nbytes();
+    if (checkpoint::is_quantizable_linear(name, shape)) ++quantizable;
+  }
+  out["tensors"] = tensors;
+  out["total_bytes"] = total;
+  out["quantizable_linear_layers"] = quantizable;
+
+  nlohmann::json layers = nlohmann::json::array();
+  for (const std::string& prefix : checkpoint::find_quantized_linears(ck)) {
+    const formats::PackedLinear p = checkpoint::read_packed_linear(ck, prefix, q);
+    layers.push_back({{"name", prefix}, {"layout", p.layout}, {"K", p.K}, {"N", p.N},
+                      {"group_size", p.group_size}, {"zero_point", formats::zero_point_name(p.zero_point)},
+                      {"act_order", p.has("g_idx") && !formats::unpack(p).has_trivial_g_idx()}});
+  }
+  out["quantized_layers"] = layers;
+  return out;
+}
+
+void print_text(const nlohmann::json& r) {
+  std::cout << r["path"].get<std::string>() << ": " << r["files"].size() << " safetensors file(s), "
+            << r["tensors"].size() << " tensors, " << human_bytes(r["total_bytes"].get<double>()) << "\n";
+  if (r.contains("config")) {
+    const auto& c = r["config"];
+    std::cout << "model: " << c["model_type"].get<std::string>() << ", " << c["num_hidden_layers"]
+              << " layers, hidden " << c["hidden_size"] << ", intermediate " << c["intermediate_size"]
+              << ", heads " << c["num_attention_heads"] << "/" << c["num_key_value_heads"] << ", vocab "
+              << c["vocab_size"] << "\n";
+  } else {
+    std::cout << "model: no config.json\n";
+  }
+  const auto& q = r["quantization"];
+  if (q["method"] == "none") {
+    std::cout << "quantization: none (" << r["quantizable_linear_layers"]
+              << " linear layers that `lowbit quantize` would quantize)\n";
+  } else {
+    std::cout << "quantization: " << q["method"].get<std::string>() << ", " << q["bits"] << " bits, group size "
+              << q["group_size"] << (q["sym"].get<bool>() ? ", symmetric" : ", asymmetric")
+              << (q["desc_act"].get<bool>() ? ", act-order" : "");
+    if (q.contains("checkpoint_format")) std::cout << ", checkpoint_format " << q["checkpoint_format"].get<std::string>();
+    if (q.contains("version")) std::cout << ", version " << q["version"].get<std::string>();
+    std::cout << " (from " << q["source"].get<std::string>() << ")\n";
+  }
+  if (!r["quantized_layers"].empty()) {
+    std::map<std::string, int> kinds;
+    for (const auto& l : r["quantized_layers"])
+      ++kinds["layout " + l["layout"].get<std::string>() + ", group size " + std::to_string(l["group_size"].get<int>()) +
+              ", " + l["zero_point"].get<std::string>() + " zeros" + (l["act_order"].get<bool>() ? ", act-order" : "")];
+    std::cout << "quantized layers: " << r["quantized_layers"].size() << " (detected from tensor shapes:";
+    for (const auto& [k, n] : kinds) std::cout << " " << n << " x " << k << ";";
+    std::cout << ")\n";
+  }
+  std::cout << "\n";
+  size_t width = 4;
+  for (const auto& t : r["tensors"]) width = std::max(width, t["name"].get<std::string>().size());
+  std::printf("%-*s  %-5s  %-18s  %s\n", static_cast<int>(width), "name", "dtype", "shape", "bytes");
+  for (const auto& t : r["tensors"]) {
+    std::string shape = "[";
+    for (size_t i = 0; i < t["shape"].size(); ++i) shape += (i ? ", " : "") + std::to_string(t["shape"][i].get<int64_t>());
+    shape += "]";
+    std::printf("%-*s  %-5s  %-18s  %s\n", static_cast<int>(width), t["name"].get<std::string>().c_str(),
+                t["dtype"].get<std::string>().c_str(), shape.c_str(),
+                human_bytes(t["bytes"].get<double>()).c_str());
+  }
+}
+
+}  // namespace
+
+void add_inspect_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "inspect",
+      "List a checkpoint's tensors (dtype, shape, bytes), its model config and the detected\n"
+      "quantization format and group size (GPTQ v1/v2, AWQ, or none)");
+  static std::string path;
+  static bool json = false;
+  cmd->add_option("PATH", path, "A .safetensors file, or a Hugging Face checkpoint folder")
+      ->required()
+      ->check(CLI::ExistingPath);
+  cmd->add_flag("--json", json, "Print JSON instead of text");
+  cmd->callback([] {
+    const nlohmann::json r = inspect(path);
+    if (json)
+      std::cout << r.dump(2) << "\n";
+    else
+      print_text(r);
+  });
+}
+
+}  // namespace lowbit::cli
