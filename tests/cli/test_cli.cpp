@@ -1,0 +1,170 @@
+// The `lowbit` command as a user meets it: exit codes (0 ok, 2 usage, 1 other
+// errors), messages that name the problem, --help on every command, and the
+// quantize -> inspect -> dequantize round trip on a checkpoint made here.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+
+#include "lowbit/core/half.h"
+#include "lowbit/io/safetensors.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct RunResult {
+  int exit_code;
+  std::string output;  // stdout and stderr together
+};
+
+RunResult run_lowbit(const std::string& args) {
+  const std::string command = std::string(LOWBIT_CLI_PATH) + " " + args + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return {-1, "popen failed"};
+  std::string output;
+  std::array<char, 4096> buffer{};
+  size_t n;
+  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) output.append(buffer.data(), n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    path_ = fs::temp_directory_path() /
+            ("lowbit-cli-" + std::to_string(getpid()) + "-" + std::to_string(counter_++));
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  const fs::path& path() const { return path_; }
+
+ private:
+  static inline int counter_ = 0;
+  fs::path path_;
+};
+
+// A one-block Llama-like checkpoint: q_proj [N=64, K=128] and an embedding.
+void write_small_checkpoint(const fs::path& dir, int64_t K = 128) {
+  fs::create_directories(dir);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  std::vector<lowbit::f16> q_proj(static_cast<size_t>(64 * K)), embed(32 * 16);
+  for (auto& v : q_proj) v = lowbit::float_to_f16(normal(rng));
+  for (auto& v : embed) v = lowbit::float_to_f16(normal(rng));
+  lowbit::io::SafetensorsWriter writer;
+  writer.add_copy("model.layers.0.self_attn.q_proj.weight", lowbit::DType::f16, {64, K},
+                  std::as_bytes(std::span(q_proj)));
+  writer.add_copy("model.embed_tokens.weight", lowbit::DType::f16, {32, 16}, std::as_bytes(std::span(embed)));
+  writer.write(dir / "model.safetensors");
+  std::ofstream(dir / "config.json") << R"({"model_type": "llama", "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 1, "num_attention_heads": 2,
+    "num_key_value_heads": 2, "vocab_size": 32, "torch_dtype": "float16"})";
+  std::ofstream(dir / "tokenizer.json") << "{}";
+}
+
+TEST(Cli, HelpListsEveryCommandAndExitsZero) {
+  const RunResult r = run_lowbit("--help");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  for (const char* command : {"env", "inspect", "quantize", "dequantize"})
+    EXPECT_NE(r.output.find(command), std::string::npos) << command << "\n" << r.output;
+  for (const char* command : {"env", "inspect", "quantize", "dequantize"}) {
+    const RunResult sub = run_lowbit(std::string(command) + " --help");
+    EXPECT_EQ(sub.exit_code, 0) << command << ": " << sub.output;
+    EXPECT_NE(sub.output.find("Usage"), std::string::npos) << sub.output;
+  }
+  EXPECT_NE(run_lowbit("quantize --help").output.find("--group-size"), std::string::npos);
+}
+
+TEST(Cli, UsageErrorsExitTwo) {
+  EXPECT_EQ(run_lowbit("").exit_code, 2);  // a command is required
+  EXPECT_EQ(run_lowbit("frobnicate").exit_code, 2);
+  EXPECT_EQ(run_lowbit("env --no-such-flag").exit_code, 2);
+  const RunResult missing = run_lowbit("inspect /no/such/file.safetensors");
+  EXPECT_EQ(missing.exit_code, 2);
+  EXPECT_NE(missing.output.find("/no/such/file.safetensors"), std::string::npos) << missing.output;
+  TempDir tmp;
+  write_small_checkpoint(tmp.path() / "in");
+  const RunResult bad_group =
+      run_lowbit("quantize " + (tmp.path() / "in").string() + " " + (tmp.path() / "out").string() + " --group-size 48");
+  EXPECT_EQ(bad_group.exit_code, 2);
+  EXPECT_NE(bad_group.output.find("48"), std::string::npos) << bad_group.output;
+  EXPECT_FALSE(fs::exists(tmp.path() / "out"));
+  EXPECT_EQ(run_lowbit("quantize " + (tmp.path() / "in").string() + " x --format marlin").exit_code, 2);
+}
+
+TEST(Cli, VersionAndEnv) {
+  const RunResult version = run_lowbit("--version");
+  EXPECT_EQ(version.exit_code, 0);
+  EXPECT_NE(version.output.find("lowbit"), std::string::npos);
+  const RunResult env = run_lowbit("env");
+  EXPECT_EQ(env.exit_code, 0) << env.output;
+  EXPECT_NE(env.output.find("cpu:"), std::string::npos) << env.output;
+  EXPECT_NE(env.output.find("build:"), std::string::npos) << env.output;
+  const RunResult json = run_lowbit("env --json");
+  EXPECT_EQ(json.exit_code, 0);
+  EXPECT_NE(json.output.find("\"gpus\""), std::string::npos) << json.output;
+}
+
+TEST(Cli, MalformedFileExitsOneAndNamesTheFile) {
+  TempDir tmp;
+  const fs::path bad = tmp.path() / "broken.safetensors";
+  std::ofstream(bad, std::ios::binary) << std::string("\xff\xff\xff\xff\x00\x00\x00\x00{", 9);
+  const RunResult r = run_lowbit("inspect " + bad.string());
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("broken.safetensors"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("header"), std::string::npos) << r.output;
+}
+
+TEST(Cli, QuantizeInspectDequantizeRoundTrip) {
+  TempDir tmp;
+  const fs::path in = tmp.path() / "in", out = tmp.path() / "out";
+  write_small_checkpoint(in);
+  const RunResult q = run_lowbit("quantize " + in.string() + " " + out.string() + " --format awq --group-size 64");
+  ASSERT_EQ(q.exit_code, 0) << q.output;
+  EXPECT_NE(q.output.find("1 linear layers quantized"), std::string::npos) << q.output;
+  EXPECT_TRUE(fs::exists(out / "tokenizer.json"));
+
+  const RunResult inspect = run_lowbit("inspect " + out.string());
+  ASSERT_EQ(inspect.exit_code, 0) << inspect.output;
+  EXPECT_NE(inspect.output.find("quantization: awq, 4 bits, group size 64"), std::string::npos) << inspect.output;
+  EXPECT_NE(inspect.output.find("model.layers.0.self_attn.q_proj.qweight"), std::string::npos);
+
+  const RunResult dq = run_lowbit("dequantize " + out.string() + " " + (tmp.path() / "dq.safetensors").string() +
+                                  " --reference " + in.string());
+  ASSERT_EQ(dq.exit_code, 0) << dq.output;
+  const auto file = lowbit::io::SafetensorsFile::open(tmp.path() / "dq.safetensors");
+  const auto* w = file.find("model.layers.0.self_attn.q_proj.weight");
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(w->shape, (std::vector<int64_t>{64, 128}));
+  EXPECT_EQ(file.find("model.layers.0.self_attn.q_proj.qweight"), nullptr);
+
+  // A second quantize into the same, now non-empty, folder is refused...
+  const RunResult again = run_lowbit("quantize " + in.string() + " " + out.string());
+  EXPECT_EQ(again.exit_code, 1) << again.output;
+  EXPECT_NE(again.output.find("--force"), std::string::npos) << again.output;
+  // ...unless forced.
+  EXPECT_EQ(run_lowbit("quantize " + in.string() + " " + out.string() + " --force --format gptq").exit_code, 0);
+  EXPECT_NE(run_lowbit("inspect " + out.string()).output.find("quantization: gptq"), std::string::npos);
+}
+
+TEST(Cli, FailedQuantizeLeavesNothingBehind) {
+  TempDir tmp;
+  const fs::path in = tmp.path() / "in", out = tmp.path() / "out";
+  write_small_checkpoint(in, /*K=*/96);  // in_features 96 is not a multiple of group size 64
+  const RunResult r = run_lowbit("quantize " + in.string() + " " + out.string() + " --group-size 64");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("q_proj"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(out));
+  for (const auto& entry : fs::directory_iterator(tmp.path()))
+    EXPECT_EQ(entry.path().filename().string().find(".partial"), std::string::npos) << entry.path();
+}
+
+}  // namespace
