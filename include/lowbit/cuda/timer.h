@@ -1,0 +1,37 @@
+// The one timing loop of lowbit: every GPU benchmark times its kernels with
+// time_cuda, so that all numbers are taken the same way as the peer
+// measurements they are compared with (triton.testing.do_bench: CUDA events,
+// L2 flushed before every timed call, median of ~100 reps).
+#pragma once
+
+#include <functional>
+
+#include <cuda_runtime.h>
+
+#include "lowbit/bench/stats.h"
+
+namespace lowbit::cuda {
+
+struct CudaTimerOptions {
+  int warmup = 10;         // untimed calls first: module load, cuBLAS heuristics, clocks ramping up
+  int reps = 100;          // timed calls; the median of these is the result
+  bool flush_l2 = true;    // evict L2 before each timed call (outside the timed region)
+  cudaStream_t stream = nullptr;  // the stream `launch` must enqueue on
+};
+
+// Calls launch(stream) `warmup` times, then `reps` times, each timed on the
+// device by a pair of CUDA events recorded on the stream around it, and
+// returns the summary of the per-call times in microseconds. `launch` must
+// enqueue its work on the given stream and not synchronise; the last CUDA
+// error is checked after each call. Times the current device.
+//
+// Throws Error(invalid_argument) for warmup < 0 or reps < 1, Error(cuda) when
+// a CUDA call or a launch fails, and whatever `launch` throws.
+bench::TimingStats time_cuda(const std::function<void(cudaStream_t)>& launch,
+                             const CudaTimerOptions& options = {});
+
+// Bytes of the buffer written before each timed call to evict L2 on the
+// current device: max(2 x L2 size, 256 MiB).
+size_t l2_flush_bytes();
+
+}  // namespace lowbit::cuda

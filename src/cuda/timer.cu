@@ -1,0 +1,100 @@
+#include "lowbit/cuda/timer.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "lowbit/core/error.h"
+#include "lowbit/core/tensor.h"
+#include "lowbit/cuda/check.h"
+
+namespace lowbit::cuda {
+namespace {
+
+// Owns the start/stop events of every rep; destroys them on any exit.
+class EventPairs {
+ public:
+  explicit EventPairs(int count) : start_(static_cast<size_t>(count), nullptr), stop_(start_) {
+    for (int i = 0; i < count; ++i) {
+      LOWBIT_CUDA_CHECK(cudaEventCreate(&start_[static_cast<size_t>(i)]));
+      LOWBIT_CUDA_CHECK(cudaEventCreate(&stop_[static_cast<size_t>(i)]));
+    }
+  }
+  ~EventPairs() {
+    for (cudaEvent_t e : start_) if (e) cudaEventDestroy(e);
+    for (cudaEvent_t e : stop_) if (e) cudaEventDestroy(e);
+  }
+  EventPairs(const EventPairs&) = delete;
+  EventPairs& operator=(const EventPairs&) = delete;
+  cudaEvent_t start(int i) const { return start_[static_cast<size_t>(i)]; }
+  cudaEvent_t stop(int i) const { return stop_[static_cast<size_t>(i)]; }
+
+ private:
+  std::vector<cudaEvent_t> start_, stop_;
+};
+
+}  // namespace
+
+size_t l2_flush_bytes() {
+  int device = 0, l2 = 0;
+  LOWBIT_CUDA_CHECK(cudaGetDevice(&device));
+  LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
+  // Twice L2 so that nothing the timed call could reuse survives (the L2 is
+  // not a perfect LRU); at least 256 MB, the size triton.testing.do_bench
+  // clears, so that our numbers and the peers' see the same cache state.
+  return std::max<size_t>(2 * static_cast<size_t>(l2), size_t{256} << 20);
+}
+
+bench::TimingStats time_cuda(const std::function<void(cudaStream_t)>& launch,
+                             const CudaTimerOptions& options) {
+  LOWBIT_CHECK_ARG(options.warmup >= 0, "warmup", options.warmup, "a count >= 0");
+  LOWBIT_CHECK_ARG(options.reps >= 1, "reps", options.reps, "a count >= 1");
+  LOWBIT_CHECK_ARG(static_cast<bool>(launch), "launch", "an empty function", "a callable");
+  const cudaStream_t stream = options.stream;
+  int device = 0;
+  LOWBIT_CUDA_CHECK(cudaGetDevice(&device));
+
+  // Cold L2 before every timed call: in decoding, each layer's weights are
+  // read once per token from HBM, long after the previous read has left the
+  // cache. Without the flush, a matrix that fits in L2 (50 MB on H100) would
+  // be timed at cache bandwidth and look several times faster than it is.
+  Buffer flush;
+  if (options.flush_l2) flush = Buffer(l2_flush_bytes(), Device::cuda, device);
+
+  // Warm-up: first calls pay for module loading, library handle set-up and
+  // heuristics, and the clocks ramping up from idle. Errors surface here.
+  for (int i = 0; i < options.warmup; ++i) {
+    launch(stream);
+    LOWBIT_CUDA_CHECK_LAUNCH();
+  }
+  LOWBIT_CUDA_CHECK(cudaStreamSynchronize(stream));
+
+  // Device events, not host clocks: launches are asynchronous, so a host
+  // clock would measure enqueueing (or, with a synchronisation per call, add
+  // the launch latency and the host round trip). Events bracket exactly the
+  // work on the stream. All reps are enqueued before one synchronisation so
+  // the GPU never idles waiting for the host between reps; the flush is
+  // enqueued before each start event, outside the timed region.
+  EventPairs events(options.reps);
+  for (int i = 0; i < options.reps; ++i) {
+    if (options.flush_l2)
+      LOWBIT_CUDA_CHECK(cudaMemsetAsync(flush.data(), i & 0xFF, flush.size(), stream));
+    LOWBIT_CUDA_CHECK(cudaEventRecord(events.start(i), stream));
+    launch(stream);
+    LOWBIT_CUDA_CHECK_LAUNCH();
+    LOWBIT_CUDA_CHECK(cudaEventRecord(events.stop(i), stream));
+  }
+  LOWBIT_CUDA_CHECK(cudaStreamSynchronize(stream));
+
+  std::vector<double> samples_us(static_cast<size_t>(options.reps));
+  for (int i = 0; i < options.reps; ++i) {
+    float ms = 0;
+    LOWBIT_CUDA_CHECK(cudaEventElapsedTime(&ms, events.start(i), events.stop(i)));
+    samples_us[static_cast<size_t>(i)] = static_cast<double>(ms) * 1e3;
+  }
+  // The median, not the mean: one rep delayed by a clock change, another
+  // process or the host is an outlier that would drag a mean but not the
+  // median; the spread is kept as p10/p90 (and min/max).
+  return bench::summarize_us(std::move(samples_us));
+}
+
+}  // namespace lowbit::cuda

@@ -1,0 +1,311 @@
+// The GPU plumbing every kernel and benchmark builds on: device queries,
+// device buffers, checked calls, the timer, random data and the cuBLAS
+// baseline. Each test skips without a GPU (fails with LOWBIT_REQUIRE_GPU=1).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "gpu_test_util.h"
+#include "lowbit/core/error.h"
+#include "lowbit/core/half.h"
+#include "lowbit/core/tensor.h"
+#include "lowbit/cuda/check.h"
+#include "lowbit/cuda/cublas_check.h"
+#include "lowbit/cuda/cublas_gemm.h"
+#include "lowbit/cuda/device.h"
+#include "lowbit/cuda/random.h"
+#include "lowbit/cuda/timer.h"
+
+namespace lowbit {
+namespace {
+
+__global__ void noop_kernel(int* out) {
+  if (out != nullptr && threadIdx.x == 0) *out = 1;
+}
+
+// Spins one thread for `cycles` SM clock cycles.
+__global__ void spin_kernel(long long cycles, long long* elapsed) {
+  const long long start = clock64();
+  long long now = start;
+  while (now - start < cycles) now = clock64();
+  if (threadIdx.x == 0 && blockIdx.x == 0) *elapsed = now - start;
+}
+
+// Captures the ErrorKind and message of what `body` throws.
+template <typename Body>
+Error expect_lowbit_error(Body&& body) {
+  try {
+    body();
+  } catch (const Error& e) {
+    return e;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "threw a non-lowbit exception: " << e.what();
+    return Error(ErrorKind::internal, "wrong exception");
+  }
+  ADD_FAILURE() << "did not throw";
+  return Error(ErrorKind::internal, "no exception");
+}
+
+// A block of more than 1024 threads is refused at the launch. CUDA 13 on an
+// H100 reports cudaErrorInvalidValue; older runtimes said
+// cudaErrorInvalidConfiguration. Either way the check names cudaGetLastError.
+bool is_launch_configuration_error(const std::string& what) {
+  return what.find("cudaGetLastError") != std::string::npos &&
+         (what.find("cudaErrorInvalidConfiguration") != std::string::npos ||
+          what.find("cudaErrorInvalidValue") != std::string::npos);
+}
+
+TEST(CudaDevice, InfoIsSane) {
+  LOWBIT_REQUIRE_GPU();
+  EXPECT_TRUE(cuda_built());
+  ASSERT_GT(cuda_device_count(), 0);
+  const CudaDeviceInfo info = cuda_device_info(0);
+  EXPECT_EQ(info.index, 0);
+  EXPECT_FALSE(info.name.empty());
+  EXPECT_GT(info.sm_count, 0);
+  EXPECT_GT(info.total_memory, 0u);
+  EXPECT_GT(info.free_memory, 0u);
+  EXPECT_LE(info.free_memory, info.total_memory);
+  EXPECT_GE(info.cc_major, 7);
+  EXPECT_GT(info.l2_bytes, 0u);
+  EXPECT_GT(info.smem_per_block_optin, 0u);
+  EXPECT_GT(info.clock_khz, 0);
+  EXPECT_GE(info.peak_bandwidth_GBps, 0.0);
+  EXPECT_FALSE(info.driver_version.empty());
+  EXPECT_FALSE(info.runtime_version.empty());
+  std::printf("device 0: %s, cc %d.%d, %d SMs, %.1f GiB, L2 %.1f MiB, SM clock %d MHz, "
+              "memory %d MHz x %d bits = %.0f GB/s peak, driver %s, runtime %s\n",
+              info.name.c_str(), info.cc_major, info.cc_minor, info.sm_count,
+              static_cast<double>(info.total_memory) / (1 << 30),
+              static_cast<double>(info.l2_bytes) / (1 << 20), info.clock_khz / 1000,
+              info.memory_clock_khz / 1000, info.memory_bus_width_bits, info.peak_bandwidth_GBps,
+              info.driver_version.c_str(), info.runtime_version.c_str());
+}
+
+TEST(CudaDevice, BadIndexIsInvalidArgument) {
+  LOWBIT_REQUIRE_GPU();
+  const Error e = expect_lowbit_error([] { cuda_device_info(cuda_device_count()); });
+  EXPECT_EQ(e.kind(), ErrorKind::invalid_argument) << e.what();
+}
+
+TEST(CudaBuffer, HostDeviceHostRoundTrip) {
+  LOWBIT_REQUIRE_GPU();
+  const size_t bytes = (size_t{1} << 20) + 13;  // not a multiple of anything convenient
+  std::mt19937_64 rng(42);
+  Buffer src(bytes), back(bytes);
+  for (size_t i = 0; i < bytes; ++i) src.as<uint8_t>()[i] = static_cast<uint8_t>(rng());
+  std::memset(back.data(), 0xCD, bytes);  // poison the destination
+
+  Buffer dev(bytes, Device::cuda, 0);
+  EXPECT_EQ(dev.device(), Device::cuda);
+  EXPECT_EQ(dev.size(), bytes);
+  LOWBIT_CUDA_CHECK(cudaMemset(dev.data(), 0xEE, bytes));
+  Buffer::copy(dev.data(), Device::cuda, src.data(), Device::cpu, bytes);
+  Buffer dev2(bytes, Device::cuda, 0);
+  Buffer::copy(dev2.data(), Device::cuda, dev.data(), Device::cuda, bytes);
+  Buffer::copy(back.data(), Device::cpu, dev2.data(), Device::cuda, bytes);
+  EXPECT_EQ(std::memcmp(src.data(), back.data(), bytes), 0);
+
+  Buffer moved = std::move(dev);
+  EXPECT_EQ(dev.data(), nullptr);
+  EXPECT_EQ(moved.size(), bytes);
+}
+
+TEST(CudaCheck, FailingCallThrowsCudaError) {
+  LOWBIT_REQUIRE_GPU();
+  void* p = nullptr;
+  const Error e = expect_lowbit_error([&] { LOWBIT_CUDA_CHECK(cudaMalloc(&p, size_t{1} << 50)); });
+  EXPECT_EQ(e.kind(), ErrorKind::cuda);
+  EXPECT_NE(std::string(e.what()).find("cudaMalloc"), std::string::npos) << e.what();
+  EXPECT_NE(std::string(e.what()).find("cudaErrorMemoryAllocation"), std::string::npos) << e.what();
+  EXPECT_EQ(p, nullptr);
+  cudaGetLastError();  // allocation failures are not sticky; clear the record
+  LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());  // the context is still usable
+}
+
+TEST(CudaCheck, BadLaunchIsCaughtAtTheLaunch) {
+  LOWBIT_REQUIRE_GPU();
+  const Error e = expect_lowbit_error([] {
+    noop_kernel<<<1, 1025>>>(nullptr);  // more threads per block than any GPU allows
+    LOWBIT_CUDA_CHECK_LAUNCH();
+  });
+  EXPECT_EQ(e.kind(), ErrorKind::cuda);
+  EXPECT_TRUE(is_launch_configuration_error(e.what())) << e.what();
+  EXPECT_NE(std::string(e.what()).find("test_cuda_plumbing.cu"), std::string::npos) << e.what();
+  // A good launch afterwards works: configuration errors are not sticky.
+  noop_kernel<<<1, 32>>>(nullptr);
+  LOWBIT_CUDA_CHECK_LAUNCH();
+  LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+TEST(CudaCheck, FailingCublasCallThrowsCudaError) {
+  LOWBIT_REQUIRE_GPU();
+  cuda::CublasHandle handle;
+  const float one = 1.0f;
+  const Error e = expect_lowbit_error([&] {
+    LOWBIT_CUBLAS_CHECK(cublasSgemm(handle.get(), CUBLAS_OP_N, CUBLAS_OP_N, -1, 1, 1, &one,
+                                    nullptr, 1, nullptr, 1, &one, nullptr, 1));
+  });
+  EXPECT_EQ(e.kind(), ErrorKind::cuda);
+  EXPECT_NE(std::string(e.what()).find("cublasSgemm"), std::string::npos) << e.what();
+  EXPECT_NE(std::string(e.what()).find("CUBLAS_STATUS_INVALID_VALUE"), std::string::npos)
+      << e.what();
+}
+
+TEST(CudaTimer, SpinKernelTimedWithinTolerance) {
+  LOWBIT_REQUIRE_GPU();
+  const CudaDeviceInfo info = cuda_device_info(0);
+  ASSERT_GT(info.clock_khz, 0);
+  // 1 ms of SM cycles at the device's peak clock (kHz x 1 ms = cycles).
+  const long long cycles = info.clock_khz;
+  const double expected_us = 1000.0;
+  Buffer elapsed(sizeof(long long), Device::cuda, 0);
+  cudaStream_t stream = nullptr;
+  LOWBIT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cuda::CudaTimerOptions options;
+  options.warmup = 20;  // lets the clocks ramp up from idle
+  options.reps = 50;
+  options.stream = stream;
+  const bench::TimingStats t = cuda::time_cuda(
+      [&](cudaStream_t s) { spin_kernel<<<1, 32, 0, s>>>(cycles, elapsed.as<long long>()); },
+      options);
+  LOWBIT_CUDA_CHECK(cudaStreamDestroy(stream));
+  long long spun = 0;
+  Buffer::copy(&spun, Device::cpu, elapsed.data(), Device::cuda, sizeof spun);
+  std::printf("spin of %lld cycles: median %.1f us (p10 %.1f, p90 %.1f, min %.1f, max %.1f); "
+              "expected %.1f us at %d MHz\n",
+              cycles, t.median_us, t.p10_us, t.p90_us, t.min_us, t.max_us, expected_us,
+              info.clock_khz / 1000);
+  EXPECT_GE(spun, cycles);
+  EXPECT_EQ(t.reps, 50);
+  EXPECT_NEAR(t.median_us, expected_us, 0.25 * expected_us);
+  EXPECT_LE(t.min_us, t.median_us);
+  EXPECT_LE(t.median_us, t.max_us);
+  EXPECT_LE(t.p10_us, t.median_us);
+  EXPECT_LE(t.median_us, t.p90_us);
+}
+
+TEST(CudaTimer, RejectsBadOptionsAndPropagatesLaunchErrors) {
+  LOWBIT_REQUIRE_GPU();
+  cuda::CudaTimerOptions bad;
+  bad.reps = 0;
+  EXPECT_EQ(expect_lowbit_error([&] { cuda::time_cuda([](cudaStream_t) {}, bad); }).kind(),
+            ErrorKind::invalid_argument);
+  // A launch error inside the timed function surfaces from the timer.
+  cuda::CudaTimerOptions options;
+  options.warmup = 1;
+  options.reps = 2;
+  options.flush_l2 = false;
+  const Error e = expect_lowbit_error([&] {
+    cuda::time_cuda([](cudaStream_t s) { noop_kernel<<<1, 2048, 0, s>>>(nullptr); }, options);
+  });
+  EXPECT_EQ(e.kind(), ErrorKind::cuda);
+  EXPECT_TRUE(is_launch_configuration_error(e.what())) << e.what();
+}
+
+TEST(CudaBandwidth, CopyIsFasterThan100GBps) {
+  LOWBIT_REQUIRE_GPU();
+  bench::TimingStats t;
+  const double gbps = measure_copy_bandwidth_GBps(0, size_t{256} << 20, &t);
+  std::printf("device-to-device copy of 256 MiB: %.0f GB/s (read + write), median %.1f us\n", gbps,
+              t.median_us);
+  EXPECT_GT(gbps, 100.0);
+  EXPECT_EQ(t.reps, 20);
+}
+
+TEST(CudaRandom, FillsAreDeterministicAndF16IsNonZero) {
+  LOWBIT_REQUIRE_GPU();
+  const size_t bytes = 4099;
+  Buffer dev(bytes + 1, Device::cuda, 0);
+  std::vector<uint8_t> a(bytes), b(bytes);
+  // Unaligned destination, odd size.
+  cuda::fill_random_bytes(dev.as<uint8_t>() + 1, bytes, 7);
+  Buffer::copy(a.data(), Device::cpu, dev.as<uint8_t>() + 1, Device::cuda, bytes);
+  LOWBIT_CUDA_CHECK(cudaMemset(dev.data(), 0, bytes + 1));
+  cuda::fill_random_bytes(dev.as<uint8_t>() + 1, bytes, 7);
+  Buffer::copy(b.data(), Device::cpu, dev.as<uint8_t>() + 1, Device::cuda, bytes);
+  EXPECT_EQ(a, b);
+  size_t zeros = 0;
+  for (uint8_t v : a) zeros += v == 0;
+  EXPECT_LT(zeros, bytes / 64);  // ~1/256 expected
+
+  const size_t count = 100003;
+  Buffer h(count * 2, Device::cuda, 0);
+  cuda::fill_random_f16(h.data(), count, 11, 0.5f);
+  std::vector<f16> v(count);
+  Buffer::copy(v.data(), Device::cpu, h.data(), Device::cuda, count * 2);
+  size_t negative = 0;
+  for (size_t i = 0; i < count; ++i) {
+    const float f = f16_to_float(v[i]);
+    ASSERT_TRUE(std::fabs(f) >= 0.5f / 16 * 0.999f && std::fabs(f) <= 0.5f) << i << ": " << f;
+    negative += f < 0;
+  }
+  EXPECT_NEAR(static_cast<double>(negative) / count, 0.5, 0.02);
+}
+
+// y = x . W for both weight layouts; W[k, n] is stored at w[n * K + k] (nk)
+// or w[k * N + n] (kn).
+void check_gemm_f16(cuda::WeightLayout layout) {
+  const int64_t M = 3, K = 256, N = 136;
+  std::mt19937 rng(layout == cuda::WeightLayout::nk ? 1234 : 4321);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<f16> x(M * K), w(N * K), y(M * N);
+  for (auto& v : x) v = float_to_f16(dist(rng));
+  for (auto& v : w) v = float_to_f16(dist(rng));
+  auto weight = [&](int64_t k, int64_t n) {
+    return f16_to_float(layout == cuda::WeightLayout::nk ? w[n * K + k] : w[k * N + n]);
+  };
+
+  Buffer dx(x.size() * 2, Device::cuda, 0), dw(w.size() * 2, Device::cuda, 0),
+      dy(y.size() * 2, Device::cuda, 0);
+  Buffer::copy(dx.data(), Device::cuda, x.data(), Device::cpu, dx.size());
+  Buffer::copy(dw.data(), Device::cuda, w.data(), Device::cpu, dw.size());
+  LOWBIT_CUDA_CHECK(cudaMemset(dy.data(), 0xFF, dy.size()));  // 0xFFFF is a binary16 NaN
+  cuda::CublasHandle handle;
+  cuda::gemm_f16_cublas(handle.get(), dx.data(), dw.data(), dy.data(), M, N, K, nullptr, layout);
+  LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+  Buffer::copy(y.data(), Device::cpu, dy.data(), Device::cuda, dy.size());
+
+  double err2 = 0, ref2 = 0;
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t n = 0; n < N; ++n) {
+      double ref = 0;
+      for (int64_t k = 0; k < K; ++k)
+        ref += static_cast<double>(f16_to_float(x[m * K + k])) * weight(k, n);
+      const double got = f16_to_float(y[m * N + n]);
+      ASSERT_TRUE(std::isfinite(got)) << "y[" << m << ", " << n << "] not written";
+      err2 += (got - ref) * (got - ref);
+      ref2 += ref * ref;
+    }
+  }
+  const double rel = std::sqrt(err2 / ref2);
+  EXPECT_LT(rel, 2e-3) << "relative error " << rel;
+}
+
+TEST(CudaCublas, GemmF16MatchesFp64Reference) {
+  LOWBIT_REQUIRE_GPU();
+  check_gemm_f16(cuda::WeightLayout::nk);  // nn.Linear's weight [N, K]
+}
+
+TEST(CudaCublas, GemmF16KnLayoutMatchesFp64Reference) {
+  LOWBIT_REQUIRE_GPU();
+  check_gemm_f16(cuda::WeightLayout::kn);
+}
+
+TEST(CudaCublas, GemmRejectsBadExtents) {
+  LOWBIT_REQUIRE_GPU();
+  cuda::CublasHandle handle;
+  const Error e = expect_lowbit_error([&] {
+    cuda::gemm_f16_cublas(handle.get(), nullptr, nullptr, nullptr, 0, 8, 8, nullptr);
+  });
+  EXPECT_EQ(e.kind(), ErrorKind::invalid_argument) << e.what();
+}
+
+}  // namespace
+}  // namespace lowbit
