@@ -12,6 +12,14 @@ const char* dtype_name(DType t) {
     case DType::i32: return "i32";
     case DType::u32: return "u32";
     case DType::u4x2: return "u4x2";
+    case DType::f64: return "f64";
+    case DType::i16: return "i16";
+    case DType::u16: return "u16";
+    case DType::i64: return "i64";
+    case DType::u64: return "u64";
+    case DType::boolean: return "bool";
+    case DType::f8_e4m3: return "f8_e4m3";
+    case DType::f8_e5m2: return "f8_e5m2";
   }
   return "?";
 }
@@ -32,6 +40,14 @@ const char* safetensors_dtype_name(DType t) {
     case DType::i32: return "I32";
     case DType::u32: return "U32";
     case DType::u4x2: return nullptr;
+    case DType::f64: return "F64";
+    case DType::i16: return "I16";
+    case DType::u16: return "U16";
+    case DType::i64: return "I64";
+    case DType::u64: return "U64";
+    case DType::boolean: return "BOOL";
+    case DType::f8_e4m3: return "F8_E4M3";
+    case DType::f8_e5m2: return "F8_E5M2";
   }
   return nullptr;
 }

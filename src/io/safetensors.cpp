@@ -29,8 +29,7 @@ constexpr int kMaxHeaderDepth = 32;
 
 // Names of safetensors dtypes that exist in the format but have no lowbit DType.
 constexpr std::string_view kUnsupportedDtypes[] = {
-    "F64", "I16", "U16", "I64", "U64", "BOOL", "F8_E4M3", "F8_E5M2", "F8_E8M0",
-    "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F6_E2M3", "F6_E3M2", "F4", "C64", "C128"};
+    "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F6_E2M3", "F6_E3M2", "F4", "C64", "C128"};
 
 std::string supported_dtype_list() {
   std::string out;
@@ -538,18 +537,28 @@ TensorView SafetensorsFile::view(std::string_view name) const { return view(get(
 namespace {
 
 // File order of the Python package: larger elements first, then by name.
+// (the Python package sorts by its dtype enum, descending; checked against it
+// for every dtype numpy has).
 int layout_rank(DType t) {
   switch (t) {
-    case DType::f32: return 0;
-    case DType::u32: return 1;
-    case DType::i32: return 2;
-    case DType::bf16: return 3;
-    case DType::f16: return 4;
-    case DType::i8: return 5;
-    case DType::u8: return 6;
-    case DType::u4x2: return 7;
+    case DType::u64: return 0;
+    case DType::i64: return 1;
+    case DType::f64: return 2;
+    case DType::f32: return 3;
+    case DType::u32: return 4;
+    case DType::i32: return 5;
+    case DType::bf16: return 6;
+    case DType::f16: return 7;
+    case DType::u16: return 8;
+    case DType::i16: return 9;
+    case DType::f8_e4m3: return 10;
+    case DType::f8_e5m2: return 11;
+    case DType::i8: return 12;
+    case DType::u8: return 13;
+    case DType::boolean: return 14;
+    case DType::u4x2: return 15;
   }
-  return 8;
+  return 16;
 }
 
 void check_utf8_argument(std::string_view what, std::string_view s) {

@@ -411,7 +411,7 @@ TEST_F(SafetensorsMalformed, UnknownDtype) {
 }
 
 TEST_F(SafetensorsMalformed, UnsupportedDtypes) {
-  for (const char* dt : {"F64", "I16", "U16", "I64", "U64", "BOOL", "F8_E4M3", "F8_E5M2"}) {
+  for (const char* dt : {"F8_E8M0", "F6_E2M3", "F4", "C64"}) {
     SCOPED_TRACE(dt);
     expect_entry_error(std::string(R"({"dtype":")") + dt + R"(","shape":[1],"data_offsets":[0,8]})",
                        8, ErrorKind::unsupported,

@@ -195,12 +195,29 @@ def test_malformed_file_fails_cleanly(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["good.safetensors", "truncated.safetensors"]
 
 
+def test_storage_only_dtypes_are_copied_byte_for_byte(tmp_path):
+    """Checkpoints carry f64/i64/bool buffers (e.g. position ids): lowbit copies them unchanged."""
+    src = tmp_path / "wide.safetensors"
+    rng = np.random.default_rng(5)
+    save_file({"f64": rng.normal(size=(3, 2)), "i64": rng.integers(-2**40, 2**40, size=7),
+               "u64": rng.integers(0, 2**60, size=2, dtype=np.uint64),
+               "i16": rng.integers(-300, 300, size=5).astype(np.int16),
+               "u16": rng.integers(0, 60000, size=5).astype(np.uint16),
+               "bool": rng.integers(0, 2, size=4).astype(bool), "f32": np.ones(3, np.float32)}, src)
+    out = tmp_path / "out.safetensors"
+    result = run_copy(src, out)
+    assert result.returncode == 0, result.stderr
+    assert out.read_bytes() == src.read_bytes()
+
+
 def test_unsupported_dtype_and_missing_file(tmp_path):
-    src = tmp_path / "f64.safetensors"
-    save_file({"x": np.zeros(3, np.float64)}, src)
+    src = tmp_path / "c64.safetensors"
+    header = json.dumps({"x": {"dtype": "C64", "shape": [1], "data_offsets": [0, 8]}}).encode()
+    header += b" " * (-len(header) % 8)
+    src.write_bytes(struct.pack("<Q", len(header)) + header + bytes(8))
     result = run_copy(src, tmp_path / "out.safetensors")
     assert result.returncode == 1
-    assert "unsupported dtype F64" in result.stderr
+    assert "unsupported dtype C64" in result.stderr
     result = run_copy(tmp_path / "absent.safetensors", tmp_path / "out.safetensors")
     assert result.returncode == 1
     assert "absent.safetensors" in result.stderr

@@ -11,11 +11,13 @@
 //     [data_begin, data_end) relative to the start of the data section, row-major,
 //     little-endian, with end - begin = numel * element size (a 0-d tensor, shape
 //     [], holds one element; a shape with a zero extent holds none);
-//   * dtype names: F32 F16 BF16 I8 U8 I32 U32 are supported here (see
-//     lowbit/core/dtype.h); F64 I16 U16 I64 U64 BOOL F8_* F6_* F4 C64 exist in the
-//     format but are rejected with ErrorKind::unsupported;
-//   * the Python package (safetensors >= 0.4) writes tensors sorted by dtype
-//     alignment, largest first (F32, U32, I32, BF16, F16, I8, U8 for ours), then
+//   * dtype names: F32 F16 BF16 I8 U8 I32 U32 F64 I16 U16 I64 U64 BOOL F8_E4M3
+//     F8_E5M2 are read (see lowbit/core/dtype.h; the last eight only to be
+//     listed and copied); F8_E8M0, the FNUZ variants, F6_*, F4 and C64/C128 exist
+//     in the format but are rejected with ErrorKind::unsupported;
+//   * the Python package (safetensors >= 0.4) writes tensors sorted by its dtype
+//     enum, descending (U64 I64 F64 F32 U32 I32 BF16 F16 U16 I16 F8_E4M3 F8_E5M2
+//     I8 U8 BOOL), then
 //     by name (byte-wise), packed with no gaps; the header is compact JSON with
 //     "__metadata__" first and the keys of each entry in the order dtype, shape,
 //     data_offsets. SafetensorsWriter does the same, so for the same tensors and
@@ -121,7 +123,8 @@ class SafetensorsFile {
 // Builds a .safetensors file. add() REFERENCES the caller's bytes (no copy):
 // they must stay valid and unchanged until write() returns. add_copy() copies
 // them instead. Layout, chosen for byte compatibility with the Python package:
-// tensors sorted by dtype size, largest first (F32, U32, I32, BF16, F16, I8, U8),
+// tensors sorted as the Python package sorts dtypes (U64 I64 F64 F32 U32 I32 BF16
+// F16 U16 I16 F8_E4M3 F8_E5M2 I8 U8 BOOL: larger elements first),
 // ties by name (byte-wise), packed back to back from the data section start,
 // which is 8-byte aligned; so every tensor is aligned to its element size.
 // Insertion order does not matter.
