@@ -41,4 +41,11 @@ template <typename F>
   return throws_error(std::forward<F>(call), kind, {needle});
 }
 
+// expect_error([&] { ... }, ErrorKind::format, {"tensor 'w'", "truncated"}): a
+// non-fatal expectation with the same check.
+template <typename F>
+void expect_error(F&& call, ErrorKind kind, std::initializer_list<std::string_view> needles) {
+  EXPECT_TRUE(throws_error(std::forward<F>(call), kind, needles));
+}
+
 }  // namespace lowbit::test

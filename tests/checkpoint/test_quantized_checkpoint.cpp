@@ -8,6 +8,7 @@
 #include <fstream>
 #include <random>
 
+#include "error_matchers.h"
 #include "lowbit/checkpoint/quantized_checkpoint.h"
 #include "lowbit/core/error.h"
 #include "lowbit/formats/dequant_ref.h"
@@ -34,11 +35,13 @@ class CheckpointTest : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
 
   // Writes a quantized checkpoint holding one layer `L` packed in `layout`.
-  void write_quantized(const formats::QuantizedLinear& layer, const std::string& layout, const std::string& qconfig) {
+  void write_quantized(const formats::QuantizedLinear& layer, const std::string& layout,
+                       const std::string& qconfig) {
     io::SafetensorsWriter writer;
     checkpoint::add_packed_linear(writer, "model.layers.0.mlp.up_proj", formats::pack(layer, layout));
     writer.write(dir_ / "model.safetensors");
-    std::ofstream(dir_ / "config.json") << "{" << kModelFields << R"(, "quantization_config": )" << qconfig << "}";
+    std::ofstream(dir_ / "config.json")
+        << "{" << kModelFields << R"(, "quantization_config": )" << qconfig << "}";
   }
 
   static formats::QuantizedLinear random_layer(int64_t K, int64_t N, int group_size) {
@@ -69,24 +72,30 @@ TEST(QuantizableLinear, PicksBlockLinearWeightsOnly) {
 }
 
 TEST(QuantFormat, NamesRoundTrip) {
-  for (auto f : {checkpoint::QuantFormat::gptq, checkpoint::QuantFormat::gptq_v2, checkpoint::QuantFormat::awq})
+  for (auto f :
+       {checkpoint::QuantFormat::gptq, checkpoint::QuantFormat::gptq_v2, checkpoint::QuantFormat::awq})
     EXPECT_EQ(checkpoint::parse_quant_format(checkpoint::quant_format_name(f)), f);
   EXPECT_FALSE(checkpoint::parse_quant_format("marlin").has_value());
 }
 
 TEST_F(CheckpointTest, ReadsGptqAndAwqLayersBackExactly) {
   const formats::QuantizedLinear layer = random_layer(256, 64, 64);
-  struct Case { const char* layout; const char* config; };
-  for (const Case& c : {Case{"gptq", R"({"quant_method": "gptq", "bits": 4, "group_size": 64, "sym": false})"},
-                        Case{"gptq_v2", R"({"quant_method": "gptq", "bits": 4, "group_size": 64, "sym": false,
+  struct Case {
+    const char* layout;
+    const char* config;
+  };
+  for (const Case& c :
+       {Case{"gptq", R"({"quant_method": "gptq", "bits": 4, "group_size": 64, "sym": false})"},
+        Case{"gptq_v2", R"({"quant_method": "gptq", "bits": 4, "group_size": 64, "sym": false,
                                             "checkpoint_format": "gptq_v2"})"},
-                        Case{"awq", R"({"quant_method": "awq", "bits": 4, "group_size": 64, "zero_point": true,
+        Case{"awq", R"({"quant_method": "awq", "bits": 4, "group_size": 64, "zero_point": true,
                                         "version": "gemm"})"}}) {
     SCOPED_TRACE(c.layout);
     write_quantized(layer, c.layout, c.config);
     const io::Checkpoint ck = io::Checkpoint::open(dir_);
     ASSERT_EQ(checkpoint::find_quantized_linears(ck), std::vector<std::string>{"model.layers.0.mlp.up_proj"});
-    const formats::PackedLinear packed = checkpoint::read_packed_linear(ck, "model.layers.0.mlp.up_proj", ck.quantization());
+    const formats::PackedLinear packed =
+        checkpoint::read_packed_linear(ck, "model.layers.0.mlp.up_proj", ck.quantization());
     EXPECT_EQ(packed.layout, c.layout);
     EXPECT_EQ(packed.K, 256);
     EXPECT_EQ(packed.N, 64);
@@ -96,40 +105,29 @@ TEST_F(CheckpointTest, ReadsGptqAndAwqLayersBackExactly) {
 }
 
 TEST_F(CheckpointTest, GroupSizeThatContradictsTheShapesIsAnError) {
-  write_quantized(random_layer(256, 64, 64), "gptq", R"({"quant_method": "gptq", "bits": 4, "group_size": 128})");
+  write_quantized(random_layer(256, 64, 64), "gptq",
+                  R"({"quant_method": "gptq", "bits": 4, "group_size": 128})");
   const io::Checkpoint ck = io::Checkpoint::open(dir_);
-  try {
-    checkpoint::read_packed_linear(ck, "model.layers.0.mlp.up_proj", ck.quantization());
-    FAIL() << "expected an error";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::format);
-    EXPECT_NE(std::string(e.what()).find("group_size = 128"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("up_proj"), std::string::npos) << e.what();
-  }
+  EXPECT_TRUE(test::throws_error(
+      [&] { checkpoint::read_packed_linear(ck, "model.layers.0.mlp.up_proj", ck.quantization()); },
+      ErrorKind::format, {"group_size = 128", "up_proj"}));
 }
 
 TEST_F(CheckpointTest, UnsupportedBitsAndAwqVersionsAreNamed) {
-  write_quantized(random_layer(256, 64, 64), "gptq", R"({"quant_method": "gptq", "bits": 8, "group_size": 64})");
+  write_quantized(random_layer(256, 64, 64), "gptq",
+                  R"({"quant_method": "gptq", "bits": 8, "group_size": 64})");
   {
     const io::Checkpoint ck = io::Checkpoint::open(dir_);
-    try {
-      checkpoint::read_packed_linear(ck, "model.layers.0.mlp.up_proj", ck.quantization());
-      FAIL() << "expected an error";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.kind(), ErrorKind::unsupported);
-      EXPECT_NE(std::string(e.what()).find("8-bit"), std::string::npos) << e.what();
-    }
+    EXPECT_TRUE(test::throws_error(
+        [&] { checkpoint::read_packed_linear(ck, "model.layers.0.mlp.up_proj", ck.quantization()); },
+        ErrorKind::unsupported, {"8-bit"}));
   }
   write_quantized(random_layer(256, 64, 64), "awq",
                   R"({"quant_method": "awq", "bits": 4, "group_size": 64, "version": "gemv"})");
   const io::Checkpoint ck = io::Checkpoint::open(dir_);
-  try {
-    checkpoint::read_packed_linear(ck, "model.layers.0.mlp.up_proj", ck.quantization());
-    FAIL() << "expected an error";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::unsupported);
-    EXPECT_NE(std::string(e.what()).find("gemv"), std::string::npos) << e.what();
-  }
+  EXPECT_TRUE(test::throws_error(
+      [&] { checkpoint::read_packed_linear(ck, "model.layers.0.mlp.up_proj", ck.quantization()); },
+      ErrorKind::unsupported, {"gemv"}));
 }
 
 TEST_F(CheckpointTest, MissingTensorIsNamed) {
@@ -140,26 +138,20 @@ TEST_F(CheckpointTest, MissingTensorIsNamed) {
     writer.add_copy(std::string("blk.layers.0.fc.") + name, t.dtype, t.shape, t.bytes);
   }
   writer.write(dir_ / "model.safetensors");
-  std::ofstream(dir_ / "config.json") << "{" << kModelFields
-                                      << R"(, "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 64}})";
+  std::ofstream(dir_ / "config.json")
+      << "{" << kModelFields
+      << R"(, "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 64}})";
   const io::Checkpoint ck = io::Checkpoint::open(dir_);
-  try {
-    checkpoint::read_packed_linear(ck, "blk.layers.0.fc", ck.quantization());
-    FAIL() << "expected an error";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::format);
-    EXPECT_NE(std::string(e.what()).find("blk.layers.0.fc.qzeros"), std::string::npos) << e.what();
-  }
+  EXPECT_TRUE(
+      test::throws_error([&] { checkpoint::read_packed_linear(ck, "blk.layers.0.fc", ck.quantization()); },
+                         ErrorKind::format, {"blk.layers.0.fc.qzeros"}));
 }
 
 TEST_F(CheckpointTest, QuantizingAQuantizedCheckpointIsRefused) {
-  write_quantized(random_layer(256, 64, 64), "gptq", R"({"quant_method": "gptq", "bits": 4, "group_size": 64})");
-  try {
-    checkpoint::quantize_checkpoint(dir_, dir_.string() + "-out", {});
-    FAIL() << "expected an error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("already quantized"), std::string::npos) << e.what();
-  }
+  write_quantized(random_layer(256, 64, 64), "gptq",
+                  R"({"quant_method": "gptq", "bits": 4, "group_size": 64})");
+  EXPECT_TRUE(test::throws_error([&] { checkpoint::quantize_checkpoint(dir_, dir_.string() + "-out", {}); },
+                                 ErrorKind::invalid_argument, {"already quantized"}));
   EXPECT_FALSE(fs::exists(dir_.string() + "-out"));
 }
 

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "error_matchers.h"
 #include "io/io_test_util.h"
 #include "lowbit/core/error.h"
 #include "lowbit/io/hf_config.h"
@@ -16,17 +17,7 @@ using nlohmann::json;
 using testing::TempDir;
 using testing::write_file;
 
-template <typename F>
-void expect_error(F&& body, ErrorKind kind, std::initializer_list<std::string_view> parts) {
-  try {
-    body();
-    ADD_FAILURE() << "expected an Error of kind " << error_kind_name(kind) << ", got none";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), kind) << "kind " << error_kind_name(e.kind()) << ": " << e.what();
-    const std::string msg = e.what();
-    for (auto p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
-  }
-}
+using lowbit::test::expect_error;
 
 void write_json(const std::filesystem::path& p, const json& j) { write_file(p, j.dump(2)); }
 

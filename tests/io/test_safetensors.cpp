@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "error_matchers.h"
 #include "io/io_test_util.h"
 #include "lowbit/core/error.h"
 #include "lowbit/io/safetensors.h"
@@ -29,18 +30,7 @@ bool same_bytes(std::span<const std::byte> a, std::span<const std::byte> b) {
   return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size()) == 0);
 }
 
-// Runs `body`, expecting an Error of `kind` whose message contains every one of `parts`.
-template <typename F>
-void expect_error(F&& body, ErrorKind kind, std::initializer_list<std::string_view> parts) {
-  try {
-    body();
-    ADD_FAILURE() << "expected an Error of kind " << error_kind_name(kind) << ", got none";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), kind) << "kind " << error_kind_name(e.kind()) << ": " << e.what();
-    const std::string msg = e.what();
-    for (auto p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
-  }
-}
+using lowbit::test::expect_error;
 
 const DType kSafetensorsDTypes[] = {DType::f32, DType::f16, DType::bf16, DType::i8,
                                     DType::u8,  DType::i32, DType::u32};
