@@ -36,6 +36,17 @@ inline constexpr double kGemmF32Nrmse = 1e-6;
 inline constexpr double kGemmF16OutRtol = 0x1p-11;
 inline constexpr double kGemmBf16OutRtol = 0x1p-8;
 
+// ---- CUDA W4A16 GEMM vs w4a16_gemm_ref (lowbit/w4a16/w4a16_gemm.h) ----------
+// Per element |y - ref| <= rtol * (sum_k |x[m,k] * w[k,n]| + |ref|). The kernel
+// rounds each dequantized weight to 16 bits once (f16: 2^-11 relative; bf16
+// layouts also round the scale: 2 x 2^-8), accumulates in fp32 (tensor cores
+// may drop the low bits of each product sum: well under 2^-11), and rounds the
+// output once (2^-11 / 2^-8 of |ref|). The bounds below are those sums with a
+// factor ~2 of margin; a mis-placed code or a wrong group scale changes a term
+// by >= 1/16 of its size and fails them.
+inline constexpr double kW4A16GemmF16Rtol = 0x1p-9;
+inline constexpr double kW4A16GemmBf16Rtol = 0x1p-6;
+
 // ---- act-order row sort (lowbit/formats/convert.h) ---------------------------
 // y = x[:, perm] * W_sorted vs y = x * W computed in float64: the same terms
 // summed in another order, so only float64 rounding differs (K*2^-53 of sum|terms|).

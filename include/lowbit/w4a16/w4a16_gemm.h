@@ -1,0 +1,117 @@
+// W4A16 GEMM on CUDA: y[M, N] = x[M, K] * dequant(W)[K, N] for fp16 or bf16
+// activations and outputs, fp32 accumulation. Weights are prepared once from
+// any QuantizedLinear (GPTQ v1/v2, AWQ, float zero-point, act-order, every
+// group size) into lowbit's tiled layout (w4a16_layout.h) and uploaded.
+//
+// Strategies (all selectable, all tested against w4a16_gemm_ref):
+//   data_parallel          one CTA per 64-column block walks all of K
+//   split_k_atomic         K split over CTAs; fp32 atomicAdd into a workspace
+//                          that the last CTA of a block converts (and re-zeroes)
+//   split_k_deterministic  K split over CTAs; each writes its partial, the
+//                          last CTA of a block sums them in a fixed order
+//   decoupled              seed 000's three phases: dequantize W to a 16-bit
+//                          workspace in global memory, then a cuBLAS GEMM (its
+//                          own split-K/reduction inside): kept to measure what
+//                          the memory round trip costs
+//   automatic              chosen by M, N, K and the device's SM count
+// Stream-K is not implemented yet (see docs/w4a16-gemm.md).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+#include "lowbit/core/tensor.h"
+#include "lowbit/formats/quantized_linear.h"
+
+namespace lowbit {
+
+enum class W4A16Strategy : uint8_t { automatic, data_parallel, split_k_atomic, split_k_deterministic, decoupled };
+const char* w4a16_strategy_name(W4A16Strategy s);  // "auto", "data_parallel", ...
+std::optional<W4A16Strategy> parse_w4a16_strategy(std::string_view name);
+
+// Weights prepared once and resident on one CUDA device. Move-only.
+class W4A16Weights {
+ public:
+  // Repacks `layer` (validated) for activations of `act_dtype` (f16 or bf16)
+  // and uploads it to `device`.
+  static W4A16Weights prepare(const formats::QuantizedLinear& layer, DType act_dtype, int device = 0);
+  // Random weights generated on the device (uniform codes, scales in
+  // [0.001, 0.01], zero terms in [0, 15]): for benchmarks of full-size layers,
+  // where packing on the host would dominate the run. Integer zero points.
+  static W4A16Weights random(int64_t K, int64_t N, int group_size, DType act_dtype, uint64_t seed, int device = 0);
+
+  int64_t K() const { return K_; }
+  int64_t N() const { return N_; }
+  int64_t K_padded() const { return K_pad_; }
+  int64_t N_padded() const { return N_pad_; }
+  int group_size() const { return group_size_; }
+  bool float_zero() const { return float_zero_; }
+  bool act_order() const { return perm_.size() != 0; }
+  DType act_dtype() const { return act_dtype_; }
+  int device() const { return device_; }
+  // Bytes a GEMM must read for the weights (codes, scales and zeros).
+  size_t weight_bytes() const { return qweight_.size() + scale_zero_.size(); }
+
+  const void* qweight() const { return qweight_.data(); }
+  const uint32_t* scale_zero() const { return scale_zero_.as<const uint32_t>(); }
+  const int32_t* perm() const { return perm_.as<const int32_t>(); }
+
+ private:
+  int64_t K_ = 0, N_ = 0, K_pad_ = 0, N_pad_ = 0;
+  int group_size_ = 0;
+  bool float_zero_ = false;
+  DType act_dtype_ = DType::f16;
+  int device_ = 0;
+  Buffer qweight_, scale_zero_, perm_;
+};
+
+// Scratch memory and handles reused across calls (split-K partials and
+// counters, permuted activations, the decoupled strategy's 16-bit weights and
+// its cuBLAS handle). Grows on demand; use one per stream.
+class W4A16Workspace {
+ public:
+  W4A16Workspace();
+  ~W4A16Workspace();
+  W4A16Workspace(const W4A16Workspace&) = delete;
+  W4A16Workspace& operator=(const W4A16Workspace&) = delete;
+
+  // Device memory of at least `bytes`, kept zero-filled between calls when
+  // `zeroed` (the atomic split-K restores zeros after use).
+  void* scratch(int slot, size_t bytes, bool zeroed, int device);
+  void* cublas_handle(int device);
+
+ private:
+  struct Slot {
+    Buffer buffer;
+    bool zeroed = false;
+  };
+  Slot slots_[4];
+  void* cublas_ = nullptr;
+  int cublas_device_ = -1;
+};
+
+struct W4A16Options {
+  W4A16Strategy strategy = W4A16Strategy::automatic;
+  int split_k = 0;  // 0: chosen from the shape and SM count
+};
+
+// What a call runs: the strategy, the K split and the rows per pass.
+struct W4A16Plan {
+  W4A16Strategy strategy;
+  int split_k;
+  int rows_per_pass;  // 16, 32 or 64; M > 64 takes several passes
+};
+W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& options = {});
+
+// y = x * dequant(W). x: [M, K] device tensor of w.act_dtype() with rows
+// 16-byte aligned (contiguous, or row stride a multiple of 8 elements);
+// y: [M, N] device tensor of the same dtype, rows contiguous. Throws
+// Error(invalid_argument) naming the tensor for wrong dtypes, shapes, devices
+// or alignment. Asynchronous on `stream`.
+void w4a16_gemm(const TensorView& x, const W4A16Weights& w, const TensorView& y, W4A16Workspace& workspace,
+                const W4A16Options& options = {}, cudaStream_t stream = nullptr);
+
+}  // namespace lowbit

@@ -1,0 +1,727 @@
+// W4A16 GEMM kernels: y[M, N] = x[M, K] * dequant(W), weights in lowbit's
+// tiled layout (lowbit/w4a16/w4a16_layout.h), fp32 accumulation on tensor
+// cores (mma.sync.m16n8k16, sm_80 and later; also the path Hopper runs).
+//
+// One CTA = 4 warps = one block of 64 output columns x up to 64 rows of M,
+// over a range of k-iterations (64 rows of K each). Per iteration the CTA
+// brings, with cp.async into a 4-stage shared-memory ring:
+//   - the activation tile x[rows, 64]      (shared by the 4 warps: ldmatrix)
+//   - 2 KB of packed weights               (each lane's own 16 bytes)
+//   - the scale/zero pairs of <= 2 groups  (64 columns x 4 bytes each)
+// Why this shape:
+//   - decode (M <= 16) is a pure weight stream: every weight byte is used by
+//     exactly one lane, so the only goals are many bytes in flight and little
+//     work per byte. The 4-stage cp.async ring keeps 3 iterations (7.5 KB per
+//     CTA) of loads outstanding without holding them in registers, and split-K
+//     multiplies the CTAs so every SM has several resident.
+//   - a lane's 16 bytes dequantize into the B operands of 8 mma instructions
+//     with one LOP3 (mask + OR magic exponent) and one HSUB2/HFMA2 + HMUL2 per
+//     pair of weights: no per-element int->float conversion, no shuffles.
+//   - (q - z) is formed exactly (small integers are exact in fp16/bf16) and
+//     multiplied by s once, so each weight is round((q - z) * s): the closest
+//     16-bit value to the reference's exact product.
+#include "lowbit/w4a16/w4a16_gemm.h"
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+
+#include "lowbit/cuda/check.h"
+#include "lowbit/cuda/cublas_check.h"
+#include "lowbit/cuda/random.h"
+#include "lowbit/w4a16/w4a16_layout.h"
+
+namespace lowbit {
+namespace {
+
+constexpr int kThreads = 128;  // 4 warps, one 16-column strip each
+constexpr int kStages = 4;
+constexpr int kXStride = 72;   // 64 + 8 halves: rows 144 B apart, so ldmatrix's 8 rows hit 8 distinct bank groups
+
+enum ReduceMode : int { kReduceDirect = 0, kReduceAtomic = 1, kReduceOrdered = 2 };
+
+struct KernelArgs {
+  const void* x;           // [M, K] (already permuted for act-order), row stride ldx
+  int64_t ldx;
+  const uint4* qweight;    // tiled layout
+  const uint32_t* scale_zero;
+  void* y;                 // [M, N], row stride ldy
+  int64_t ldy;
+  float* partial;          // atomic: [M, N_pad] zero-kept sums; ordered: [split, M, N_pad]
+  int* counters;           // [m_passes * N_pad / 64], zero between calls
+  int M, K, N, N_pad;
+  int iters;               // K_pad / 64
+  int rows_per_group;      // group size, or K_pad for per channel
+  int split_k;
+  int mode;
+};
+
+template <typename T> struct Vec2;
+template <> struct Vec2<half> { using type = half2; };
+template <> struct Vec2<__nv_bfloat16> { using type = __nv_bfloat162; };
+
+__device__ __forceinline__ uint32_t smem_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte async copy; src_bytes = 0 fills the destination with zeros (rows past M, columns past K).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(dst)), "l"(src),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// (a & b) | c in one instruction.
+template <uint32_t kMask, uint32_t kOr>
+__device__ __forceinline__ uint32_t mask_or(uint32_t a) {
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(r) : "r"(a), "n"(kMask), "n"(kOr));
+  return r;
+}
+
+template <typename V> __device__ __forceinline__ uint32_t as_u32(V v) { return *reinterpret_cast<uint32_t*>(&v); }
+template <typename V> __device__ __forceinline__ V from_u32(uint32_t u) { return *reinterpret_cast<V*>(&u); }
+
+// The 16-bit scale s and zero term (z, or m for float zero-point) of one column.
+template <typename T>
+struct ColumnDequant {
+  typename Vec2<T>::type scale;  // (s, s)
+  typename Vec2<T>::type zterm;  // (z, z) or (m, m)
+};
+
+template <typename T>
+__device__ __forceinline__ ColumnDequant<T> column_dequant(uint32_t packed) {
+  using V = typename Vec2<T>::type;
+  const uint32_t s = packed & 0xFFFFu, z = packed >> 16;
+  return {from_u32<V>(s | (s << 16)), from_u32<V>(z | (z << 16))};
+}
+
+// Dequantizes one 32-bit word (8 codes, four register pairs, see the layout
+// header) into the B registers of two mma tiles: b0 for n-subtile 0 (column
+// c0) and b1 for n-subtile 1 (column c1).
+template <typename T, bool kFloatZero>
+__device__ __forceinline__ void dequant_word(uint32_t w, const ColumnDequant<T>& c0, const ColumnDequant<T>& c1,
+                                             uint32_t (&b0)[2], uint32_t (&b1)[2]);
+
+template <>
+__device__ __forceinline__ void dequant_word<half, false>(uint32_t w, const ColumnDequant<half>& c0,
+                                                          const ColumnDequant<half>& c1, uint32_t (&b0)[2],
+                                                          uint32_t (&b1)[2]) {
+  // (code | 0x6400) is the fp16 number 1024 + q; a code in bits 4..7 gives
+  // 1024 + 16q. Subtracting (1024 + z), or scaling by 1/16 and subtracting
+  // (64 + z), leaves q - z exactly; one multiply by s rounds once.
+  const half2 k1024 = __float2half2_rn(1024.0f), k64 = __float2half2_rn(64.0f);
+  const half2 k1_16 = __float2half2_rn(1.0f / 16.0f);
+  const half2 lo_sub0 = __hadd2(k1024, c0.zterm), hi_sub0 = __hneg2(__hadd2(k64, c0.zterm));
+  const half2 lo_sub1 = __hadd2(k1024, c1.zterm), hi_sub1 = __hneg2(__hadd2(k64, c1.zterm));
+  const uint32_t w_hi = w >> 8;
+  const half2 p0 = __hsub2(from_u32<half2>(mask_or<0x000F000Fu, 0x64006400u>(w)), lo_sub0);
+  const half2 p1 = __hfma2(from_u32<half2>(mask_or<0x00F000F0u, 0x64006400u>(w)), k1_16, hi_sub0);
+  const half2 p2 = __hsub2(from_u32<half2>(mask_or<0x000F000Fu, 0x64006400u>(w_hi)), lo_sub1);
+  const half2 p3 = __hfma2(from_u32<half2>(mask_or<0x00F000F0u, 0x64006400u>(w_hi)), k1_16, hi_sub1);
+  b0[0] = as_u32(__hmul2(p0, c0.scale));
+  b0[1] = as_u32(__hmul2(p1, c0.scale));
+  b1[0] = as_u32(__hmul2(p2, c1.scale));
+  b1[1] = as_u32(__hmul2(p3, c1.scale));
+}
+
+template <>
+__device__ __forceinline__ void dequant_word<half, true>(uint32_t w, const ColumnDequant<half>& c0,
+                                                         const ColumnDequant<half>& c1, uint32_t (&b0)[2],
+                                                         uint32_t (&b1)[2]) {
+  // q exactly (as above), then w = q*s + m with one rounding (fma).
+  const half2 k1024 = __float2half2_rn(1024.0f), kneg64 = __float2half2_rn(-64.0f);
+  const half2 k1_16 = __float2half2_rn(1.0f / 16.0f);
+  const uint32_t w_hi = w >> 8;
+  const half2 q0 = __hsub2(from_u32<half2>(mask_or<0x000F000Fu, 0x64006400u>(w)), k1024);
+  const half2 q1 = __hfma2(from_u32<half2>(mask_or<0x00F000F0u, 0x64006400u>(w)), k1_16, kneg64);
+  const half2 q2 = __hsub2(from_u32<half2>(mask_or<0x000F000Fu, 0x64006400u>(w_hi)), k1024);
+  const half2 q3 = __hfma2(from_u32<half2>(mask_or<0x00F000F0u, 0x64006400u>(w_hi)), k1_16, kneg64);
+  b0[0] = as_u32(__hfma2(q0, c0.scale, c0.zterm));
+  b0[1] = as_u32(__hfma2(q1, c0.scale, c0.zterm));
+  b1[0] = as_u32(__hfma2(q2, c1.scale, c1.zterm));
+  b1[1] = as_u32(__hfma2(q3, c1.scale, c1.zterm));
+}
+
+// bf16 keeps only 7 explicit mantissa bits, so a code in bits 4..7 would
+// spill into the exponent: each pair is shifted down to bits 0..3 first.
+// (code | 0x4300) is the bf16 number 128 + q.
+template <bool kFloatZero>
+__device__ __forceinline__ void dequant_word_bf16(uint32_t w, const ColumnDequant<__nv_bfloat16>& c0,
+                                                  const ColumnDequant<__nv_bfloat16>& c1, uint32_t (&b0)[2],
+                                                  uint32_t (&b1)[2]) {
+  using V = __nv_bfloat162;
+  const V k128 = __float2bfloat162_rn(128.0f);
+  V p[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) p[j] = from_u32<V>(mask_or<0x000F000Fu, 0x43004300u>(w >> (4 * j)));
+  if constexpr (kFloatZero) {
+    b0[0] = as_u32(__hfma2(__hsub2(p[0], k128), c0.scale, c0.zterm));
+    b0[1] = as_u32(__hfma2(__hsub2(p[1], k128), c0.scale, c0.zterm));
+    b1[0] = as_u32(__hfma2(__hsub2(p[2], k128), c1.scale, c1.zterm));
+    b1[1] = as_u32(__hfma2(__hsub2(p[3], k128), c1.scale, c1.zterm));
+  } else {
+    const V sub0 = __hadd2(k128, c0.zterm), sub1 = __hadd2(k128, c1.zterm);
+    b0[0] = as_u32(__hmul2(__hsub2(p[0], sub0), c0.scale));
+    b0[1] = as_u32(__hmul2(__hsub2(p[1], sub0), c0.scale));
+    b1[0] = as_u32(__hmul2(__hsub2(p[2], sub1), c1.scale));
+    b1[1] = as_u32(__hmul2(__hsub2(p[3], sub1), c1.scale));
+  }
+}
+template <>
+__device__ __forceinline__ void dequant_word<__nv_bfloat16, false>(uint32_t w, const ColumnDequant<__nv_bfloat16>& c0,
+                                                                   const ColumnDequant<__nv_bfloat16>& c1,
+                                                                   uint32_t (&b0)[2], uint32_t (&b1)[2]) {
+  dequant_word_bf16<false>(w, c0, c1, b0, b1);
+}
+template <>
+__device__ __forceinline__ void dequant_word<__nv_bfloat16, true>(uint32_t w, const ColumnDequant<__nv_bfloat16>& c0,
+                                                                  const ColumnDequant<__nv_bfloat16>& c1,
+                                                                  uint32_t (&b0)[2], uint32_t (&b1)[2]) {
+  dequant_word_bf16<true>(w, c0, c1, b0, b1);
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&a)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+               : "r"(smem_address(p)));
+}
+
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  if constexpr (std::is_same_v<T, half>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+}
+
+template <typename T> __device__ __forceinline__ T from_float(float v);
+template <> __device__ __forceinline__ half from_float<half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+template <int kMBlocks>
+struct SharedLayout {
+  static constexpr int kXBytes = kMBlocks * 16 * kXStride * 2;
+  static constexpr int kWBytes = kThreads * 16;
+  static constexpr int kSzBytes = 2 * 64 * 4;
+  static constexpr int kStageBytes = kXBytes + kWBytes + kSzBytes;
+  static constexpr int kBytes = kStages * kStageBytes;
+};
+
+// The fused kernel. grid = (N_pad / 64, split_k, ceil(M / rows)).
+template <typename T, int kMBlocks, bool kFloatZero>
+__global__ void __launch_bounds__(kThreads) w4a16_fused_kernel(const KernelArgs args) {
+  using L = SharedLayout<kMBlocks>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ int last_cta;
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int g = lane / 4, t = lane % 4;
+  const int nb = blockIdx.x, split = blockIdx.y;
+  const int m0 = blockIdx.z * kMBlocks * 16;
+  const int it_begin = static_cast<int>(static_cast<int64_t>(split) * args.iters / args.split_k);
+  const int it_end = static_cast<int>(static_cast<int64_t>(split + 1) * args.iters / args.split_k);
+  const int n_iters = it_end - it_begin;
+  const T* x = static_cast<const T*>(args.x);
+
+  auto stage_x = [&](int s) { return reinterpret_cast<T*>(smem + s * L::kStageBytes); };
+  auto stage_w = [&](int s) { return reinterpret_cast<uint4*>(smem + s * L::kStageBytes + L::kXBytes); };
+  auto stage_sz = [&](int s) {
+    return reinterpret_cast<uint32_t*>(smem + s * L::kStageBytes + L::kXBytes + L::kWBytes);
+  };
+
+  auto load_stage = [&](int s, int it) {
+    const int k0 = it * 64;
+    // Activations: rows m0.., 8 chunks of 8 elements per row.
+    T* xs = stage_x(s);
+#pragma unroll
+    for (int c = tid; c < kMBlocks * 16 * 8; c += kThreads) {
+      const int r = c / 8, kc = (c % 8) * 8;
+      const int row = m0 + r, col = k0 + kc;
+      const bool valid = row < args.M && col < args.K;
+      const T* src = valid ? x + static_cast<int64_t>(row) * args.ldx + col : x;
+      cp_async16(xs + r * kXStride + kc, src, valid ? 16 : 0);
+    }
+    // Weights: each thread fetches the 16 bytes it will dequantize.
+    cp_async16(stage_w(s) + tid, args.qweight + (static_cast<int64_t>(nb) * args.iters + it) * kThreads + tid, 16);
+    // Scale/zero pairs of the groups of rows k0 and k0 + 32 (equal unless group size 32).
+    if (tid < 32) {
+      const int half_sel = tid / 16, chunk = tid % 16;
+      const int group = (k0 + 32 * half_sel) / args.rows_per_group;
+      cp_async16(stage_sz(s) + half_sel * 64 + chunk * 4,
+                 args.scale_zero + static_cast<int64_t>(group) * args.N_pad + nb * 64 + chunk * 4, 16);
+    }
+  };
+
+  float acc[kMBlocks][2][4];
+#pragma unroll
+  for (int mb = 0; mb < kMBlocks; ++mb)
+#pragma unroll
+    for (int ns = 0; ns < 2; ++ns)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mb][ns][e] = 0.0f;
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < n_iters) load_stage(s, it_begin + s);
+    cp_async_commit();
+  }
+
+  const int col0 = warp * 16 + g, col1 = col0 + 8;  // this lane's two columns within the block
+  for (int i = 0; i < n_iters; ++i) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // stage i is visible to all; stage i-1 is no longer being read
+    if (i + kStages - 1 < n_iters) load_stage((i + kStages - 1) % kStages, it_begin + i + kStages - 1);
+    cp_async_commit();
+
+    const int s = i % kStages;
+    const uint4 wq = stage_w(s)[tid];
+    const uint32_t* sz = stage_sz(s);
+    const ColumnDequant<T> lo0 = column_dequant<T>(sz[col0]), lo1 = column_dequant<T>(sz[col1]);
+    const ColumnDequant<T> hi0 = column_dequant<T>(sz[64 + col0]), hi1 = column_dequant<T>(sz[64 + col1]);
+    uint32_t b[4][2][2];
+    dequant_word<T, kFloatZero>(wq.x, lo0, lo1, b[0][0], b[0][1]);
+    dequant_word<T, kFloatZero>(wq.y, lo0, lo1, b[1][0], b[1][1]);
+    dequant_word<T, kFloatZero>(wq.z, hi0, hi1, b[2][0], b[2][1]);
+    dequant_word<T, kFloatZero>(wq.w, hi0, hi1, b[3][0], b[3][1]);
+
+    const T* xs = stage_x(s);
+#pragma unroll
+    for (int mb = 0; mb < kMBlocks; ++mb) {
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        uint32_t a[4];
+        ldmatrix_x4(a, xs + (mb * 16 + lane % 16) * kXStride + ks * 16 + (lane / 16) * 8);
+        mma_16816<T>(acc[mb][0], a, b[ks][0]);
+        mma_16816<T>(acc[mb][1], a, b[ks][1]);
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+  // ---- epilogue -------------------------------------------------------------------
+  T* y = static_cast<T*>(args.y);
+  const int block_col = nb * 64;
+  if (args.mode == kReduceDirect) {
+#pragma unroll
+    for (int mb = 0; mb < kMBlocks; ++mb)
+#pragma unroll
+      for (int ns = 0; ns < 2; ++ns)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int row = m0 + mb * 16 + g + (e >= 2 ? 8 : 0);
+          const int col = block_col + warp * 16 + ns * 8 + 2 * t + (e & 1);
+          if (row < args.M && col < args.N) y[static_cast<int64_t>(row) * args.ldy + col] = from_float<T>(acc[mb][ns][e]);
+        }
+    return;
+  }
+
+  // Split-K: publish this CTA's partial sums, then the last CTA of the block finishes.
+  float* partial = args.partial;
+  if (args.mode == kReduceOrdered) partial += static_cast<int64_t>(split) * args.M * args.N_pad;
+#pragma unroll
+  for (int mb = 0; mb < kMBlocks; ++mb)
+#pragma unroll
+    for (int ns = 0; ns < 2; ++ns)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = m0 + mb * 16 + g + (e >= 2 ? 8 : 0);
+        const int col = block_col + warp * 16 + ns * 8 + 2 * t + (e & 1);
+        if (row < args.M) {
+          float* p = partial + static_cast<int64_t>(row) * args.N_pad + col;
+          if (args.mode == kReduceAtomic)
+            atomicAdd(p, acc[mb][ns][e]);
+          else
+            __stcg(p, acc[mb][ns][e]);
+        }
+      }
+  __threadfence();  // make this thread's partials visible device-wide before the count
+  __syncthreads();
+  int* counter = args.counters + blockIdx.z * gridDim.x + nb;
+  if (tid == 0) last_cta = atomicAdd(counter, 1) == args.split_k - 1;
+  __syncthreads();
+  if (!last_cta) return;
+  __threadfence();
+
+  const int rows = min(kMBlocks * 16, args.M - m0);
+  for (int idx = tid; idx < rows * 64; idx += kThreads) {
+    const int r = idx / 64, c = idx % 64;
+    const int row = m0 + r, col = block_col + c;
+    const int64_t offset = static_cast<int64_t>(row) * args.N_pad + col;
+    float sum;
+    if (args.mode == kReduceAtomic) {
+      sum = __ldcg(args.partial + offset);
+      __stcg(args.partial + offset, 0.0f);  // keep the workspace zeroed for the next call
+    } else {
+      sum = 0.0f;
+      for (int s = 0; s < args.split_k; ++s)  // fixed order: bitwise reproducible
+        sum += __ldcg(args.partial + static_cast<int64_t>(s) * args.M * args.N_pad + offset);
+    }
+    if (col < args.N) y[static_cast<int64_t>(row) * args.ldy + col] = from_float<T>(sum);
+  }
+  if (tid == 0) *counter = 0;  // ready for the next call
+}
+
+// xp[m, i] = x[m, perm[i]]: act-order layers are stored with rows sorted by
+// group, so the activations are gathered once into that order.
+template <typename T>
+__global__ void permute_columns_kernel(const T* x, int64_t ldx, const int32_t* perm, T* xp, int M, int K) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= static_cast<int64_t>(M) * K) return;
+  const int m = static_cast<int>(idx / K), i = static_cast<int>(idx % K);
+  xp[idx] = x[static_cast<int64_t>(m) * ldx + perm[i]];
+}
+
+// Phase 1 of the decoupled strategy: the whole W as 16-bit values [K_pad, N_pad].
+template <typename T, bool kFloatZero>
+__global__ void dequantize_tiled_kernel(const uint4* qweight, const uint32_t* scale_zero, T* out, int iters,
+                                        int rows_per_group, int N_pad) {
+  const int64_t chunk = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;  // one lane's 16 bytes
+  const int64_t total = static_cast<int64_t>(N_pad / 64) * iters * kThreads;
+  if (chunk >= total) return;
+  const int tid = static_cast<int>(chunk % kThreads);
+  const int64_t block_iter = chunk / kThreads;
+  const int nb = static_cast<int>(block_iter / iters), it = static_cast<int>(block_iter % iters);
+  const int lane = tid % 32, warp = tid / 32, g = lane / 4, t = lane % 4;
+  const int k0 = it * 64, c0 = nb * 64 + warp * 16 + g, c1 = c0 + 8;
+  const uint4 wq = qweight[chunk];
+  const uint32_t* sz_lo = scale_zero + static_cast<int64_t>(k0 / rows_per_group) * N_pad;
+  const uint32_t* sz_hi = scale_zero + static_cast<int64_t>((k0 + 32) / rows_per_group) * N_pad;
+  const uint32_t words[4] = {wq.x, wq.y, wq.z, wq.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t* sz = j < 2 ? sz_lo : sz_hi;
+    uint32_t b0[2], b1[2];
+    dequant_word<T, kFloatZero>(words[j], column_dequant<T>(sz[c0]), column_dequant<T>(sz[c1]), b0, b1);
+    // b?[0] holds rows 2t, 2t+1 and b?[1] rows 2t+8, 2t+9 of k-step j.
+    const int64_t r = k0 + 16 * j + 2 * t;
+    const T* v00 = reinterpret_cast<const T*>(&b0[0]);
+    const T* v01 = reinterpret_cast<const T*>(&b0[1]);
+    const T* v10 = reinterpret_cast<const T*>(&b1[0]);
+    const T* v11 = reinterpret_cast<const T*>(&b1[1]);
+    out[r * N_pad + c0] = v00[0];
+    out[(r + 1) * N_pad + c0] = v00[1];
+    out[(r + 8) * N_pad + c0] = v01[0];
+    out[(r + 9) * N_pad + c0] = v01[1];
+    out[r * N_pad + c1] = v10[0];
+    out[(r + 1) * N_pad + c1] = v10[1];
+    out[(r + 8) * N_pad + c1] = v11[0];
+    out[(r + 9) * N_pad + c1] = v11[1];
+  }
+}
+
+template <typename T, int kMBlocks, bool kFloatZero>
+void launch_fused(const KernelArgs& args, int m_passes, cudaStream_t stream) {
+  using L = SharedLayout<kMBlocks>;
+  auto kernel = w4a16_fused_kernel<T, kMBlocks, kFloatZero>;
+  static bool configured = false;  // per instantiation; the attribute is per device function
+  if (!configured) {
+    LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes));
+    configured = true;
+  }
+  const dim3 grid(args.N_pad / 64, args.split_k, m_passes);
+  kernel<<<grid, kThreads, L::kBytes, stream>>>(args);
+  LOWBIT_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T, bool kFloatZero>
+void launch_fused_rows(const KernelArgs& args, int rows_per_pass, int m_passes, cudaStream_t stream) {
+  switch (rows_per_pass) {
+    case 16: return launch_fused<T, 1, kFloatZero>(args, m_passes, stream);
+    case 32: return launch_fused<T, 2, kFloatZero>(args, m_passes, stream);
+    default: return launch_fused<T, 4, kFloatZero>(args, m_passes, stream);
+  }
+}
+
+int sm_count(int device) {
+  static int cached_device = -1, cached = 0;
+  if (cached_device != device) {
+    LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&cached, cudaDevAttrMultiProcessorCount, device));
+    cached_device = device;
+  }
+  return cached;
+}
+
+void check_activation(const TensorView& v, const char* name, const W4A16Weights& w, int64_t cols) {
+  if (v.device != Device::cuda)
+    fail_argument(name, device_name(v.device), "a CUDA device tensor");
+  if (v.dtype != w.act_dtype())
+    fail(ErrorKind::invalid_argument, "'", name, "' has dtype ", dtype_name(v.dtype), ": expected ",
+         dtype_name(w.act_dtype()), " (the weights were prepared for it)");
+  if (v.rank != 2 || v.shape[1] != cols || v.strides[1] != 1)
+    fail(ErrorKind::invalid_argument, "'", name, "' is ", v.shape_string(), ": expected [M, ", cols,
+         "] with contiguous rows");
+}
+
+}  // namespace
+
+const char* w4a16_strategy_name(W4A16Strategy s) {
+  switch (s) {
+    case W4A16Strategy::automatic: return "auto";
+    case W4A16Strategy::data_parallel: return "data_parallel";
+    case W4A16Strategy::split_k_atomic: return "split_k_atomic";
+    case W4A16Strategy::split_k_deterministic: return "split_k_deterministic";
+    case W4A16Strategy::decoupled: return "decoupled";
+  }
+  return "?";
+}
+
+std::optional<W4A16Strategy> parse_w4a16_strategy(std::string_view name) {
+  for (auto s : {W4A16Strategy::automatic, W4A16Strategy::data_parallel, W4A16Strategy::split_k_atomic,
+                 W4A16Strategy::split_k_deterministic, W4A16Strategy::decoupled})
+    if (name == w4a16_strategy_name(s)) return s;
+  return std::nullopt;
+}
+
+W4A16Weights W4A16Weights::prepare(const formats::QuantizedLinear& layer, DType act_dtype, int device) {
+  const formats::PackedLinear packed = pack_w4a16_tiled(layer, act_dtype);
+  W4A16Weights w;
+  w.K_ = layer.K;
+  w.N_ = layer.N;
+  w.K_pad_ = w4a16_padded_k(layer.K);
+  w.N_pad_ = w4a16_padded_n(layer.N);
+  w.group_size_ = layer.group_size;
+  w.float_zero_ = layer.zero_point == formats::ZeroPoint::float_min;
+  w.act_dtype_ = act_dtype;
+  w.device_ = device;
+  cuda::DeviceGuard guard(device);
+  auto upload = [&](const formats::HostTensor& t) {
+    Buffer b(t.bytes.size(), Device::cuda, device);
+    Buffer::copy(b.data(), Device::cuda, t.bytes.data(), Device::cpu, t.bytes.size());
+    return b;
+  };
+  w.qweight_ = upload(packed.tensor("qweight"));
+  w.scale_zero_ = upload(packed.tensor("scale_zero"));
+  if (packed.has("perm")) w.perm_ = upload(packed.tensor("perm"));
+  return w;
+}
+
+namespace {
+// scale_zero[i] = (s, z) with s in [0.001, 0.01] and z a whole number in [0, 15].
+template <typename T>
+__global__ void random_scale_zero_kernel(uint32_t* out, int64_t count, uint64_t seed) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= count) return;
+  uint64_t h = (static_cast<uint64_t>(i) + 1) * 0x9E3779B97F4A7C15ull ^ seed;  // splitmix64
+  h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9ull;
+  h = (h ^ (h >> 27)) * 0x94D049BB133111EBull;
+  h ^= h >> 31;
+  const float s = 0.001f + 0.009f * static_cast<float>(h & 0xFFFFFF) / 16777216.0f;
+  const float z = static_cast<float>((h >> 32) & 0xF);
+  const T st = from_float<T>(s), zt = from_float<T>(z);
+  out[i] = static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(&st)) |
+           (static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(&zt)) << 16);
+}
+}  // namespace
+
+W4A16Weights W4A16Weights::random(int64_t K, int64_t N, int group_size, DType act_dtype, uint64_t seed, int device) {
+  (void)w4a16_layout_name(act_dtype);  // validates act_dtype
+  LOWBIT_CHECK_ARG(formats::is_supported_group_size(group_size), "group_size", group_size,
+                   "32, 64, 128, 256 or -1");
+  LOWBIT_CHECK_ARG(K > 0 && N > 0 && (group_size == -1 || K % group_size == 0), "K", K,
+                   "a positive multiple of the group size");
+  W4A16Weights w;
+  w.K_ = K;
+  w.N_ = N;
+  w.K_pad_ = w4a16_padded_k(K);
+  w.N_pad_ = w4a16_padded_n(N);
+  w.group_size_ = group_size;
+  w.act_dtype_ = act_dtype;
+  w.device_ = device;
+  cuda::DeviceGuard guard(device);
+  const int64_t groups = group_size == -1 ? 1 : w.K_pad_ / group_size;
+  w.qweight_ = Buffer(static_cast<size_t>(w.K_pad_ * w.N_pad_ / 2), Device::cuda, device);
+  w.scale_zero_ = Buffer(static_cast<size_t>(groups * w.N_pad_) * 4, Device::cuda, device);
+  cuda::fill_random_bytes(w.qweight_.data(), w.qweight_.size(), seed);
+  const int64_t count = groups * w.N_pad_;
+  const unsigned blocks = static_cast<unsigned>((count + 255) / 256);
+  if (act_dtype == DType::bf16)
+    random_scale_zero_kernel<__nv_bfloat16><<<blocks, 256>>>(w.scale_zero_.as<uint32_t>(), count, seed + 1);
+  else
+    random_scale_zero_kernel<half><<<blocks, 256>>>(w.scale_zero_.as<uint32_t>(), count, seed + 1);
+  LOWBIT_CUDA_CHECK_LAUNCH();
+  LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+  return w;
+}
+
+W4A16Workspace::W4A16Workspace() = default;
+W4A16Workspace::~W4A16Workspace() {
+  if (cublas_ != nullptr) cublasDestroy(static_cast<cublasHandle_t>(cublas_));
+}
+
+void* W4A16Workspace::scratch(int slot, size_t bytes, bool zeroed, int device) {
+  Slot& s = slots_[slot];
+  if (s.buffer.size() < bytes || s.buffer.device_index() != device || s.zeroed != zeroed) {
+    s.buffer = Buffer(std::max<size_t>(bytes, 256), Device::cuda, device);
+    s.zeroed = zeroed;
+    if (zeroed) LOWBIT_CUDA_CHECK(cudaMemset(s.buffer.data(), 0, s.buffer.size()));
+  }
+  return s.buffer.data();
+}
+
+void* W4A16Workspace::cublas_handle(int device) {
+  if (cublas_ == nullptr || cublas_device_ != device) {
+    if (cublas_ != nullptr) cublasDestroy(static_cast<cublasHandle_t>(cublas_));
+    cuda::DeviceGuard guard(device);
+    cublasHandle_t h;
+    LOWBIT_CUBLAS_CHECK(cublasCreate(&h));
+    cublas_ = h;
+    cublas_device_ = device;
+  }
+  return cublas_;
+}
+
+W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& options) {
+  W4A16Plan plan{options.strategy, 1, M <= 16 ? 16 : (M <= 32 ? 32 : 64)};
+  if (plan.strategy == W4A16Strategy::automatic)
+    // Up to 64 rows the fused kernel streams the weights once; beyond, a
+    // tensor-core GEMM on dequantized weights is compute-efficient while the
+    // fused kernel would re-read the weights for every 64 rows.
+    plan.strategy = M <= 64 ? W4A16Strategy::split_k_deterministic : W4A16Strategy::decoupled;
+  const int iters = static_cast<int>(w.K_padded() / 64);
+  if (plan.strategy == W4A16Strategy::split_k_atomic || plan.strategy == W4A16Strategy::split_k_deterministic) {
+    int split = options.split_k;
+    if (split <= 0) {
+      // Enough CTAs for ~8 resident per SM: the weight stream needs many
+      // loads in flight, and one 64-column block rarely gives enough CTAs.
+      const int64_t m_passes = (M + plan.rows_per_pass - 1) / plan.rows_per_pass;
+      const int64_t blocks = (w.N_padded() / 64) * m_passes;
+      split = static_cast<int>((8 * sm_count(w.device()) + blocks - 1) / blocks);
+    }
+    plan.split_k = std::clamp(split, 1, iters);
+  }
+  return plan;
+}
+
+void w4a16_gemm(const TensorView& x, const W4A16Weights& w, const TensorView& y, W4A16Workspace& workspace,
+                const W4A16Options& options, cudaStream_t stream) {
+  check_activation(x, "x", w, w.K());
+  check_activation(y, "y", w, w.N());
+  if (x.shape[0] != y.shape[0])
+    fail(ErrorKind::invalid_argument, "x is ", x.shape_string(), " and y is ", y.shape_string(),
+         ": expected the same number of rows M");
+  if (x.strides[0] % 8 != 0 || reinterpret_cast<uintptr_t>(x.data) % 16 != 0)
+    fail(ErrorKind::invalid_argument, "x rows must start at 16-byte boundaries: row stride ", x.strides[0],
+         " elements, address ", x.data, ": expected a multiple of 8 elements and a 16-byte aligned pointer");
+  const int64_t M = x.shape[0];
+  if (M == 0) return;
+  if (M > (int64_t{1} << 30)) fail_argument("M", M, "at most 2^30 rows");
+  cuda::DeviceGuard guard(w.device());
+  const W4A16Plan plan = w4a16_plan(M, w, options);
+  const bool bf16 = w.act_dtype() == DType::bf16;
+  const size_t elem = 2;
+
+  // Act-order: gather the activations into the sorted row order of the weights.
+  const void* xin = x.data;
+  int64_t ldx = x.strides[0];
+  if (w.act_order()) {
+    void* xp = workspace.scratch(0, static_cast<size_t>(M * w.K()) * elem, false, w.device());
+    const int64_t total = M * w.K();
+    const int threads = 256;
+    const unsigned blocks = static_cast<unsigned>((total + threads - 1) / threads);
+    if (bf16)
+      permute_columns_kernel<__nv_bfloat16><<<blocks, threads, 0, stream>>>(
+          static_cast<const __nv_bfloat16*>(x.data), ldx, w.perm(), static_cast<__nv_bfloat16*>(xp),
+          static_cast<int>(M), static_cast<int>(w.K()));
+    else
+      permute_columns_kernel<half><<<blocks, threads, 0, stream>>>(static_cast<const half*>(x.data), ldx, w.perm(),
+                                                                   static_cast<half*>(xp), static_cast<int>(M),
+                                                                   static_cast<int>(w.K()));
+    LOWBIT_CUDA_CHECK_LAUNCH();
+    xin = xp;
+    ldx = w.K();
+  }
+  const int iters = static_cast<int>(w.K_padded() / 64);
+  const int rows_per_group = static_cast<int>(w.group_size() > 0 ? w.group_size() : w.K_padded());
+
+  if (plan.strategy == W4A16Strategy::decoupled) {
+    void* wf = workspace.scratch(1, static_cast<size_t>(w.K_padded() * w.N_padded()) * elem, false, w.device());
+    const int64_t chunks = (w.N_padded() / 64) * iters * kThreads;
+    const unsigned blocks = static_cast<unsigned>((chunks + 255) / 256);
+    auto q = static_cast<const uint4*>(w.qweight());
+    const int np = static_cast<int>(w.N_padded());
+    if (bf16) {
+      if (w.float_zero())
+        dequantize_tiled_kernel<__nv_bfloat16, true><<<blocks, 256, 0, stream>>>(
+            q, w.scale_zero(), static_cast<__nv_bfloat16*>(wf), iters, rows_per_group, np);
+      else
+        dequantize_tiled_kernel<__nv_bfloat16, false><<<blocks, 256, 0, stream>>>(
+            q, w.scale_zero(), static_cast<__nv_bfloat16*>(wf), iters, rows_per_group, np);
+    } else {
+      if (w.float_zero())
+        dequantize_tiled_kernel<half, true><<<blocks, 256, 0, stream>>>(q, w.scale_zero(), static_cast<half*>(wf),
+                                                                        iters, rows_per_group, np);
+      else
+        dequantize_tiled_kernel<half, false><<<blocks, 256, 0, stream>>>(q, w.scale_zero(), static_cast<half*>(wf),
+                                                                         iters, rows_per_group, np);
+    }
+    LOWBIT_CUDA_CHECK_LAUNCH();
+    // Row-major y[M, N] = x[M, K] W[K, N] is column-major y^T = W^T x^T.
+    auto handle = static_cast<cublasHandle_t>(workspace.cublas_handle(w.device()));
+    LOWBIT_CUBLAS_CHECK(cublasSetStream(handle, stream));
+    const float alpha = 1.0f, beta = 0.0f;
+    const cudaDataType_t type = bf16 ? CUDA_R_16BF : CUDA_R_16F;
+    LOWBIT_CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(w.N()), static_cast<int>(M),
+                                     static_cast<int>(w.K()), &alpha, wf, type, static_cast<int>(w.N_padded()), xin,
+                                     type, static_cast<int>(ldx), &beta, y.data, type,
+                                     static_cast<int>(y.strides[0]), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return;
+  }
+
+  KernelArgs args{};
+  args.x = xin;
+  args.ldx = ldx;
+  args.qweight = static_cast<const uint4*>(w.qweight());
+  args.scale_zero = w.scale_zero();
+  args.y = y.data;
+  args.ldy = y.strides[0];
+  args.M = static_cast<int>(M);
+  args.K = static_cast<int>(w.K());
+  args.N = static_cast<int>(w.N());
+  args.N_pad = static_cast<int>(w.N_padded());
+  args.iters = iters;
+  args.rows_per_group = rows_per_group;
+  const int m_passes = static_cast<int>((M + plan.rows_per_pass - 1) / plan.rows_per_pass);
+  if (plan.strategy == W4A16Strategy::data_parallel) {
+    args.split_k = 1;
+    args.mode = kReduceDirect;
+  } else {
+    args.split_k = plan.split_k;
+    args.mode = plan.strategy == W4A16Strategy::split_k_atomic ? kReduceAtomic : kReduceOrdered;
+    const size_t partial_floats = static_cast<size_t>(M * w.N_padded()) *
+                                  (args.mode == kReduceOrdered ? static_cast<size_t>(args.split_k) : 1);
+    // Slot 2: the atomic sums (kept zero) or the ordered partials; slot 3: counters (kept zero).
+    args.partial = static_cast<float*>(
+        workspace.scratch(2, partial_floats * sizeof(float), args.mode == kReduceAtomic, w.device()));
+    args.counters = static_cast<int*>(workspace.scratch(
+        3, static_cast<size_t>(m_passes) * static_cast<size_t>(w.N_padded() / 64) * sizeof(int), true, w.device()));
+  }
+  if (bf16) {
+    if (w.float_zero())
+      launch_fused_rows<__nv_bfloat16, true>(args, plan.rows_per_pass, m_passes, stream);
+    else
+      launch_fused_rows<__nv_bfloat16, false>(args, plan.rows_per_pass, m_passes, stream);
+  } else {
+    if (w.float_zero())
+      launch_fused_rows<half, true>(args, plan.rows_per_pass, m_passes, stream);
+    else
+      launch_fused_rows<half, false>(args, plan.rows_per_pass, m_passes, stream);
+  }
+}
+
+}  // namespace lowbit

@@ -1,0 +1,208 @@
+// The CUDA W4A16 GEMM against the CPU reference (w4a16_gemm_ref), for every
+// strategy x activation dtype x zero-point kind x group size, M from 1 to 257,
+// N and K that are not multiples of the tile, act-order; outputs poisoned with
+// NaN before each call so an unwritten element fails.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "error_matchers.h"
+#include "gpu_test_util.h"
+#include "lowbit/core/half.h"
+#include "lowbit/cuda/check.h"
+#include "lowbit/formats/dequant_ref.h"
+#include "lowbit/w4a16/w4a16_gemm.h"
+#include "lowbit/w4a16/w4a16_gemm_ref.h"
+#include "random_layers.h"
+#include "tolerances.h"
+
+namespace lowbit {
+namespace {
+
+using test::ZeroKind;
+
+uint16_t to_bits(float v, DType t) { return t == DType::f16 ? float_to_f16(v).bits : float_to_bf16(v).bits; }
+float from_bits(uint16_t b, DType t) {
+  return t == DType::f16 ? f16_to_float(f16::from_bits(b)) : bf16_to_float(bf16::from_bits(b));
+}
+
+struct Problem {
+  int64_t M;
+  formats::QuantizedLinear layer;
+  DType dtype;
+  std::vector<uint16_t> x;   // [M, K] host copy of the activations
+  std::vector<float> ref;    // [M, N] CPU reference
+  std::vector<double> scale; // [M, N] sum_k |x w| + |ref|
+};
+
+Problem make_problem(int64_t M, formats::QuantizedLinear layer, DType dtype, uint64_t seed) {
+  Problem p{M, std::move(layer), dtype, {}, {}, {}};
+  const int64_t K = p.layer.K, N = p.layer.N;
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  p.x.resize(static_cast<size_t>(M * K));
+  for (auto& v : p.x) v = to_bits(normal(rng), dtype);
+  p.ref.resize(static_cast<size_t>(M * N));
+  w4a16_gemm_ref(TensorView::contiguous(p.x.data(), dtype, {M, K}), p.layer,
+                 TensorView::contiguous(p.ref.data(), DType::f32, {M, N}));
+  std::vector<float> w(static_cast<size_t>(K * N));
+  formats::dequantize_ref(p.layer, w.data());
+  p.scale.assign(static_cast<size_t>(M * N), 0.0);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) {
+      const double xv = std::fabs(from_bits(p.x[static_cast<size_t>(m * K + k)], dtype));
+      for (int64_t n = 0; n < N; ++n) p.scale[static_cast<size_t>(m * N + n)] += xv * std::fabs(w[static_cast<size_t>(k * N + n)]);
+    }
+  for (size_t i = 0; i < p.scale.size(); ++i) p.scale[i] += std::fabs(p.ref[i]);
+  return p;
+}
+
+// Runs the GEMM on the device and returns y as floats; y is poisoned with NaN first.
+std::vector<uint16_t> run_gpu(const Problem& p, const W4A16Weights& w, W4A16Workspace& ws, const W4A16Options& o) {
+  const int64_t M = p.M, K = p.layer.K, N = p.layer.N;
+  Buffer x(static_cast<size_t>(M * K) * 2, Device::cuda), y(static_cast<size_t>(M * N) * 2, Device::cuda);
+  Buffer::copy(x.data(), Device::cuda, p.x.data(), Device::cpu, x.size());
+  LOWBIT_CUDA_CHECK(cudaMemset(y.data(), 0xFF, y.size()));  // 0xFFFF is NaN in f16 and bf16
+  w4a16_gemm(TensorView::contiguous(x.data(), p.dtype, {M, K}, Device::cuda), w,
+             TensorView::contiguous(y.data(), p.dtype, {M, N}, Device::cuda), ws, o);
+  LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<uint16_t> out(static_cast<size_t>(M * N));
+  Buffer::copy(out.data(), Device::cpu, y.data(), Device::cuda, y.size());
+  return out;
+}
+
+::testing::AssertionResult matches_reference(const Problem& p, const std::vector<uint16_t>& y) {
+  const double rtol = p.dtype == DType::f16 ? test::kW4A16GemmF16Rtol : test::kW4A16GemmBf16Rtol;
+  int bad = 0;
+  ::testing::AssertionResult result = ::testing::AssertionSuccess();
+  for (size_t i = 0; i < y.size(); ++i) {
+    const double v = from_bits(y[i], p.dtype), err = std::fabs(v - p.ref[i]);
+    if (!(err <= rtol * p.scale[i])) {  // NaN fails too
+      if (bad++ == 0) result = ::testing::AssertionFailure();
+      if (bad <= 5)
+        result << "y[" << i / p.layer.N << ", " << i % p.layer.N << "] = " << v << ", reference " << p.ref[i]
+               << ", error " << err << " > " << rtol * p.scale[i] << "\n";
+    }
+  }
+  if (bad > 0) result << bad << " of " << y.size() << " elements out of bounds";
+  return result;
+}
+
+constexpr W4A16Strategy kStrategies[] = {W4A16Strategy::data_parallel, W4A16Strategy::split_k_atomic,
+                                         W4A16Strategy::split_k_deterministic, W4A16Strategy::decoupled,
+                                         W4A16Strategy::automatic};
+
+TEST(W4A16Gemm, EveryStrategyDtypeZeroKindAndGroupSize) {
+  LOWBIT_REQUIRE_GPU();
+  W4A16Workspace ws;
+  uint64_t seed = 100;
+  for (DType dtype : {DType::f16, DType::bf16})
+    for (ZeroKind kind : {ZeroKind::sym, ZeroKind::asym, ZeroKind::float_min_f16})
+      for (int group : {32, 64, 128, 256, -1}) {
+        const auto layer = test::random_layer(512, 136, group, kind, seed++);
+        const W4A16Weights w = W4A16Weights::prepare(layer, dtype);
+        for (int64_t M : {1, 17, 64}) {
+          const Problem p = make_problem(M, layer, dtype, seed++);
+          for (W4A16Strategy s : kStrategies) {
+            SCOPED_TRACE(testing::Message() << dtype_name(dtype) << " " << test::zero_kind_name(kind) << " g=" << group
+                                            << " M=" << M << " " << w4a16_strategy_name(s));
+            EXPECT_TRUE(matches_reference(p, run_gpu(p, w, ws, {s, 0})));
+          }
+        }
+      }
+}
+
+TEST(W4A16Gemm, EveryMAndAwkwardShapes) {
+  LOWBIT_REQUIRE_GPU();
+  W4A16Workspace ws;
+  struct Shape { int64_t K, N; int group; };
+  uint64_t seed = 7;
+  for (const Shape shape : {Shape{96, 8, 32}, Shape{192, 200, 64}, Shape{3584, 72, 128}, Shape{1024, 1000, -1}}) {
+    const auto layer = test::random_layer(shape.K, shape.N, shape.group, ZeroKind::asym, seed++);
+    for (DType dtype : {DType::f16, DType::bf16}) {
+      const W4A16Weights w = W4A16Weights::prepare(layer, dtype);
+      for (int64_t M : {1, 2, 3, 15, 16, 17, 63, 64, 65, 257}) {
+        const Problem p = make_problem(M, layer, dtype, seed++);
+        for (W4A16Strategy s : kStrategies) {
+          SCOPED_TRACE(testing::Message() << "K=" << shape.K << " N=" << shape.N << " g=" << shape.group << " "
+                                          << dtype_name(dtype) << " M=" << M << " " << w4a16_strategy_name(s));
+          EXPECT_TRUE(matches_reference(p, run_gpu(p, w, ws, {s, 0})));
+        }
+      }
+    }
+  }
+}
+
+TEST(W4A16Gemm, ActOrderAndExplicitSplits) {
+  LOWBIT_REQUIRE_GPU();
+  W4A16Workspace ws;
+  const auto layer = test::random_layer(1024, 256, 128, ZeroKind::asym, 5, /*act_order=*/true);
+  ASSERT_FALSE(layer.has_trivial_g_idx());
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    const W4A16Weights w = W4A16Weights::prepare(layer, dtype);
+    EXPECT_TRUE(w.act_order());
+    const Problem p = make_problem(5, layer, dtype, 9);
+    for (W4A16Strategy s : kStrategies)
+      for (int split : {1, 3, 16}) {
+        SCOPED_TRACE(testing::Message() << dtype_name(dtype) << " " << w4a16_strategy_name(s) << " split " << split);
+        EXPECT_TRUE(matches_reference(p, run_gpu(p, w, ws, {s, split})));
+      }
+  }
+}
+
+TEST(W4A16Gemm, DeterministicSplitKIsBitwiseReproducibleAndAtomicReusesItsWorkspace) {
+  LOWBIT_REQUIRE_GPU();
+  W4A16Workspace ws;
+  const auto layer = test::random_layer(4096, 512, 128, ZeroKind::sym, 21);
+  const W4A16Weights w = W4A16Weights::prepare(layer, DType::f16);
+  const Problem p = make_problem(16, layer, DType::f16, 22);
+  const auto first = run_gpu(p, w, ws, {W4A16Strategy::split_k_deterministic, 32});
+  EXPECT_TRUE(matches_reference(p, first));
+  for (int rep = 0; rep < 3; ++rep)
+    EXPECT_EQ(run_gpu(p, w, ws, {W4A16Strategy::split_k_deterministic, 32}), first) << "rep " << rep;
+  // The atomic variant keeps its fp32 workspace zero between calls: repeated
+  // calls stay correct (a leftover sum would double the result).
+  for (int rep = 0; rep < 3; ++rep)
+    EXPECT_TRUE(matches_reference(p, run_gpu(p, w, ws, {W4A16Strategy::split_k_atomic, 32}))) << "rep " << rep;
+}
+
+TEST(W4A16Gemm, LargeLayerAtDecodeShapes) {
+  LOWBIT_REQUIRE_GPU();
+  W4A16Workspace ws;
+  const auto layer = test::random_layer(4096, 4096, 128, ZeroKind::asym, 31);
+  const W4A16Weights w = W4A16Weights::prepare(layer, DType::f16);
+  for (int64_t M : {1, 16}) {
+    const Problem p = make_problem(M, layer, DType::f16, 32 + static_cast<uint64_t>(M));
+    for (W4A16Strategy s : kStrategies) {
+      SCOPED_TRACE(testing::Message() << "M=" << M << " " << w4a16_strategy_name(s));
+      EXPECT_TRUE(matches_reference(p, run_gpu(p, w, ws, {s, 0})));
+    }
+  }
+}
+
+TEST(W4A16Gemm, BadArgumentsAreNamed) {
+  LOWBIT_REQUIRE_GPU();
+  W4A16Workspace ws;
+  const auto layer = test::random_layer(128, 64, 64, ZeroKind::sym, 1);
+  const W4A16Weights w = W4A16Weights::prepare(layer, DType::f16);
+  Buffer x(2 * 128 * 2, Device::cuda), y(2 * 64 * 2, Device::cuda);
+  const auto yv = TensorView::contiguous(y.data(), DType::f16, {2, 64}, Device::cuda);
+  EXPECT_TRUE(test::throws_error(
+      [&] { w4a16_gemm(TensorView::contiguous(x.data(), DType::bf16, {2, 128}, Device::cuda), w, yv, ws); },
+      ErrorKind::invalid_argument, {"'x'", "bf16", "f16"}));
+  EXPECT_TRUE(test::throws_error(
+      [&] { w4a16_gemm(TensorView::contiguous(x.data(), DType::f16, {4, 64}, Device::cuda), w, yv, ws); },
+      ErrorKind::invalid_argument, {"'x'", "[4, 64]", "128"}));
+  std::vector<uint16_t> host(256);
+  EXPECT_TRUE(test::throws_error(
+      [&] { w4a16_gemm(TensorView::contiguous(host.data(), DType::f16, {2, 128}), w, yv, ws); },
+      ErrorKind::invalid_argument, {"x", "cpu"}));
+  EXPECT_TRUE(test::throws_error([&] { (void)W4A16Weights::prepare(layer, DType::f32); },
+                                 ErrorKind::invalid_argument, {"act_dtype"}));
+}
+
+}  // namespace
+}  // namespace lowbit
