@@ -91,6 +91,7 @@ int main(int argc, char** argv) try {
   timer.warmup = 5;
   const W4A16Strategy strategies[] = {W4A16Strategy::automatic, W4A16Strategy::data_parallel,
                                       W4A16Strategy::split_k_atomic, W4A16Strategy::split_k_deterministic,
+                                      W4A16Strategy::stream_k,
                                       W4A16Strategy::decoupled};
   // impl -> M -> sum of log(speedup), count
   std::map<std::string, std::map<int64_t, std::pair<double, int>>> speedups;

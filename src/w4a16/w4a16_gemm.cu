@@ -42,7 +42,7 @@ constexpr int kThreads = 128;  // 4 warps, one 16-column strip each
 constexpr int kStages = 4;
 constexpr int kXStride = 72;   // 64 + 8 halves: rows 144 B apart, so ldmatrix's 8 rows hit 8 distinct bank groups
 
-enum ReduceMode : int { kReduceDirect = 0, kReduceAtomic = 1, kReduceOrdered = 2 };
+enum ReduceMode : int { kReduceDirect = 0, kReduceAtomic = 1, kReduceOrdered = 2, kStreamK = 3 };
 
 struct KernelArgs {
   const void* x;           // [M, K] (already permuted for act-order), row stride ldx
@@ -223,21 +223,39 @@ struct SharedLayout {
   static constexpr int kBytes = kStages * kStageBytes;
 };
 
-// The fused kernel. grid = (N_pad / 64, split_k, ceil(M / rows)).
+// Which CTA of a stream-K launch owns global iteration p (of T = blocks x
+// iters, split evenly: CTA c owns [c*T/P, (c+1)*T/P)).
+__device__ __forceinline__ int streamk_owner(int64_t p, int64_t T, int P) {
+  int c = static_cast<int>(p * P / T);
+  while (c + 1 < P && (static_cast<int64_t>(c) + 1) * T / P <= p) ++c;
+  while (c > 0 && static_cast<int64_t>(c) * T / P > p) --c;
+  return c;
+}
+
+// The fused kernel.
+//   data-parallel / split-K: grid = (N_pad / 64, split_k, m_passes); CTA (nb, s)
+//     runs k-iterations [s*iters/S, (s+1)*iters/S) of block nb.
+//   stream-K: grid = (P, 1, m_passes); the blocks x iters iterations are cut
+//     into P equal contiguous ranges (one full wave of CTAs, so no SM idles in a
+//     last partial wave); a range may cover the end of one block and the start
+//     of the next, and blocks shared by several CTAs are fixed up like split-K.
+// Residency wanted per SM: decode tiles need many CTAs in flight (registers
+// capped at 64 for 8 CTAs); larger M tiles hold more accumulators.
+template <int kMBlocks>
+constexpr int kMinCtasPerSm = kMBlocks == 1 ? 8 : (kMBlocks == 2 ? 6 : 4);
+
 template <typename T, int kMBlocks, bool kFloatZero>
-__global__ void __launch_bounds__(kThreads) w4a16_fused_kernel(const KernelArgs args) {
+__global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMBlocks>) w4a16_fused_kernel(const KernelArgs args) {
   using L = SharedLayout<kMBlocks>;
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ int last_cta;
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t = lane % 4;
-  const int nb = blockIdx.x, split = blockIdx.y;
   const int m0 = blockIdx.z * kMBlocks * 16;
-  const int it_begin = static_cast<int>(static_cast<int64_t>(split) * args.iters / args.split_k);
-  const int it_end = static_cast<int>(static_cast<int64_t>(split + 1) * args.iters / args.split_k);
-  const int n_iters = it_end - it_begin;
+  const int n_blocks = args.N_pad / 64;
   const T* x = static_cast<const T*>(args.x);
+  T* y = static_cast<T*>(args.y);
 
   auto stage_x = [&](int s) { return reinterpret_cast<T*>(smem + s * L::kStageBytes); };
   auto stage_w = [&](int s) { return reinterpret_cast<uint4*>(smem + s * L::kStageBytes + L::kXBytes); };
@@ -245,16 +263,21 @@ __global__ void __launch_bounds__(kThreads) w4a16_fused_kernel(const KernelArgs 
     return reinterpret_cast<uint32_t*>(smem + s * L::kStageBytes + L::kXBytes + L::kWBytes);
   };
 
-  auto load_stage = [&](int s, int it) {
+  // Rows past M are zero in every stage, written once here and never again:
+  // at decode (M = 1) that saves 15 of 16 activation copies per iteration.
+  const int valid_rows = min(kMBlocks * 16, args.M - m0);
+  for (int idx = tid; idx < kStages * (kMBlocks * 16 - valid_rows) * 8; idx += kThreads) {
+    const int s = idx / ((kMBlocks * 16 - valid_rows) * 8), rem = idx % ((kMBlocks * 16 - valid_rows) * 8);
+    *reinterpret_cast<uint4*>(stage_x(s) + (valid_rows + rem / 8) * kXStride + (rem % 8) * 8) = make_uint4(0, 0, 0, 0);
+  }
+
+  auto load_stage = [&](int s, int nb, int it) {
     const int k0 = it * 64;
-    // Activations: rows m0.., 8 chunks of 8 elements per row.
     T* xs = stage_x(s);
-#pragma unroll
-    for (int c = tid; c < kMBlocks * 16 * 8; c += kThreads) {
+    for (int c = tid; c < valid_rows * 8; c += kThreads) {
       const int r = c / 8, kc = (c % 8) * 8;
-      const int row = m0 + r, col = k0 + kc;
-      const bool valid = row < args.M && col < args.K;
-      const T* src = valid ? x + static_cast<int64_t>(row) * args.ldx + col : x;
+      const bool valid = k0 + kc < args.K;
+      const T* src = valid ? x + static_cast<int64_t>(m0 + r) * args.ldx + k0 + kc : x;
       cp_async16(xs + r * kXStride + kc, src, valid ? 16 : 0);
     }
     // Weights: each thread fetches the 16 bytes it will dequantize.
@@ -268,56 +291,78 @@ __global__ void __launch_bounds__(kThreads) w4a16_fused_kernel(const KernelArgs 
     }
   };
 
-  float acc[kMBlocks][2][4];
-#pragma unroll
-  for (int mb = 0; mb < kMBlocks; ++mb)
-#pragma unroll
-    for (int ns = 0; ns < 2; ++ns)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[mb][ns][e] = 0.0f;
-
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < n_iters) load_stage(s, it_begin + s);
-    cp_async_commit();
-  }
-
   const int col0 = warp * 16 + g, col1 = col0 + 8;  // this lane's two columns within the block
-  for (int i = 0; i < n_iters; ++i) {
-    cp_async_wait<kStages - 2>();
-    __syncthreads();  // stage i is visible to all; stage i-1 is no longer being read
-    if (i + kStages - 1 < n_iters) load_stage((i + kStages - 1) % kStages, it_begin + i + kStages - 1);
-    cp_async_commit();
+  float acc[kMBlocks][2][4];
 
-    const int s = i % kStages;
-    const uint4 wq = stage_w(s)[tid];
-    const uint32_t* sz = stage_sz(s);
-    const ColumnDequant<T> lo0 = column_dequant<T>(sz[col0]), lo1 = column_dequant<T>(sz[col1]);
-    const ColumnDequant<T> hi0 = column_dequant<T>(sz[64 + col0]), hi1 = column_dequant<T>(sz[64 + col1]);
-    uint32_t b[4][2][2];
-    dequant_word<T, kFloatZero>(wq.x, lo0, lo1, b[0][0], b[0][1]);
-    dequant_word<T, kFloatZero>(wq.y, lo0, lo1, b[1][0], b[1][1]);
-    dequant_word<T, kFloatZero>(wq.z, hi0, hi1, b[2][0], b[2][1]);
-    dequant_word<T, kFloatZero>(wq.w, hi0, hi1, b[3][0], b[3][1]);
+  // Accumulates k-iterations [it_begin, it_end) of block nb into acc.
+  auto run_segment = [&](int nb, int it_begin, int it_end) {
+#pragma unroll
+    for (int mb = 0; mb < kMBlocks; ++mb)
+#pragma unroll
+      for (int ns = 0; ns < 2; ++ns)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[mb][ns][e] = 0.0f;
+    const int n_iters = it_end - it_begin;
+    __syncthreads();  // the previous segment's last stage is no longer being read
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < n_iters) load_stage(s, nb, it_begin + s);
+      cp_async_commit();
+    }
+    for (int i = 0; i < n_iters; ++i) {
+      cp_async_wait<kStages - 2>();
+      __syncthreads();  // stage i is visible to all; stage i-1 is no longer being read
+      if (i + kStages - 1 < n_iters) load_stage((i + kStages - 1) % kStages, nb, it_begin + i + kStages - 1);
+      cp_async_commit();
 
-    const T* xs = stage_x(s);
+      const int s = i % kStages;
+      const uint4 wq = stage_w(s)[tid];
+      const uint32_t* sz = stage_sz(s);
+      const ColumnDequant<T> lo0 = column_dequant<T>(sz[col0]), lo1 = column_dequant<T>(sz[col1]);
+      const ColumnDequant<T> hi0 = column_dequant<T>(sz[64 + col0]), hi1 = column_dequant<T>(sz[64 + col1]);
+      uint32_t b[4][2][2];
+      dequant_word<T, kFloatZero>(wq.x, lo0, lo1, b[0][0], b[0][1]);
+      dequant_word<T, kFloatZero>(wq.y, lo0, lo1, b[1][0], b[1][1]);
+      dequant_word<T, kFloatZero>(wq.z, hi0, hi1, b[2][0], b[2][1]);
+      dequant_word<T, kFloatZero>(wq.w, hi0, hi1, b[3][0], b[3][1]);
+
+      const T* xs = stage_x(s);
 #pragma unroll
-    for (int mb = 0; mb < kMBlocks; ++mb) {
+      for (int mb = 0; mb < kMBlocks; ++mb) {
+        if (mb * 16 >= valid_rows) break;  // all-zero row blocks contribute nothing
 #pragma unroll
-      for (int ks = 0; ks < 4; ++ks) {
-        uint32_t a[4];
-        ldmatrix_x4(a, xs + (mb * 16 + lane % 16) * kXStride + ks * 16 + (lane / 16) * 8);
-        mma_16816<T>(acc[mb][0], a, b[ks][0]);
-        mma_16816<T>(acc[mb][1], a, b[ks][1]);
+        for (int ks = 0; ks < 4; ++ks) {
+          uint32_t a[4];
+          ldmatrix_x4(a, xs + (mb * 16 + lane % 16) * kXStride + ks * 16 + (lane / 16) * 8);
+          mma_16816<T>(acc[mb][0], a, b[ks][0]);
+          mma_16816<T>(acc[mb][1], a, b[ks][1]);
+        }
       }
     }
-  }
-  cp_async_wait<0>();
+    cp_async_wait<0>();
+  };
 
-  // ---- epilogue -------------------------------------------------------------------
-  T* y = static_cast<T*>(args.y);
-  const int block_col = nb * 64;
-  if (args.mode == kReduceDirect) {
+  // Writes acc for block nb: directly when this CTA computed the block's whole
+  // K range, else as one of `contributors` partial sums (slot `slot` for the
+  // ordered mode) of which the last to arrive writes y.
+  auto finish_segment = [&](int nb, bool whole, int contributors, int slot, int mode) {
+    const int block_col = nb * 64;
+    if (whole) {
+#pragma unroll
+      for (int mb = 0; mb < kMBlocks; ++mb)
+#pragma unroll
+        for (int ns = 0; ns < 2; ++ns)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int row = m0 + mb * 16 + g + (e >= 2 ? 8 : 0);
+            const int col = block_col + warp * 16 + ns * 8 + 2 * t + (e & 1);
+            if (row < args.M && col < args.N)
+              y[static_cast<int64_t>(row) * args.ldy + col] = from_float<T>(acc[mb][ns][e]);
+          }
+      return;
+    }
+    float* partial = args.partial;
+    if (mode == kReduceOrdered) partial += static_cast<int64_t>(slot) * args.M * args.N_pad;
 #pragma unroll
     for (int mb = 0; mb < kMBlocks; ++mb)
 #pragma unroll
@@ -326,55 +371,60 @@ __global__ void __launch_bounds__(kThreads) w4a16_fused_kernel(const KernelArgs 
         for (int e = 0; e < 4; ++e) {
           const int row = m0 + mb * 16 + g + (e >= 2 ? 8 : 0);
           const int col = block_col + warp * 16 + ns * 8 + 2 * t + (e & 1);
-          if (row < args.M && col < args.N) y[static_cast<int64_t>(row) * args.ldy + col] = from_float<T>(acc[mb][ns][e]);
+          if (row < args.M) {
+            float* p = partial + static_cast<int64_t>(row) * args.N_pad + col;
+            if (mode == kReduceOrdered)
+              __stcg(p, acc[mb][ns][e]);
+            else
+              atomicAdd(p, acc[mb][ns][e]);
+          }
         }
+    __threadfence();  // make this thread's partials visible device-wide before the count
+    __syncthreads();
+    int* counter = args.counters + blockIdx.z * n_blocks + nb;
+    if (tid == 0) last_cta = atomicAdd(counter, 1) == contributors - 1;
+    __syncthreads();
+    if (!last_cta) return;
+    __threadfence();
+    for (int idx = tid; idx < valid_rows * 64; idx += kThreads) {
+      const int r = idx / 64, c = idx % 64;
+      const int row = m0 + r, col = block_col + c;
+      const int64_t offset = static_cast<int64_t>(row) * args.N_pad + col;
+      float sum;
+      if (mode == kReduceOrdered) {
+        sum = 0.0f;
+        for (int s = 0; s < contributors; ++s)  // fixed order: bitwise reproducible
+          sum += __ldcg(args.partial + static_cast<int64_t>(s) * args.M * args.N_pad + offset);
+      } else {
+        sum = __ldcg(args.partial + offset);
+        __stcg(args.partial + offset, 0.0f);  // keep the workspace zeroed for the next call
+      }
+      if (col < args.N) y[static_cast<int64_t>(row) * args.ldy + col] = from_float<T>(sum);
+    }
+    if (tid == 0) *counter = 0;  // ready for the next call
+  };
+
+  if (args.mode != kStreamK) {
+    const int nb = blockIdx.x, split = blockIdx.y;
+    const int it_begin = static_cast<int>(static_cast<int64_t>(split) * args.iters / args.split_k);
+    const int it_end = static_cast<int>(static_cast<int64_t>(split + 1) * args.iters / args.split_k);
+    run_segment(nb, it_begin, it_end);
+    finish_segment(nb, args.split_k == 1, args.split_k, split, args.mode);
     return;
   }
-
-  // Split-K: publish this CTA's partial sums, then the last CTA of the block finishes.
-  float* partial = args.partial;
-  if (args.mode == kReduceOrdered) partial += static_cast<int64_t>(split) * args.M * args.N_pad;
-#pragma unroll
-  for (int mb = 0; mb < kMBlocks; ++mb)
-#pragma unroll
-    for (int ns = 0; ns < 2; ++ns)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = m0 + mb * 16 + g + (e >= 2 ? 8 : 0);
-        const int col = block_col + warp * 16 + ns * 8 + 2 * t + (e & 1);
-        if (row < args.M) {
-          float* p = partial + static_cast<int64_t>(row) * args.N_pad + col;
-          if (args.mode == kReduceAtomic)
-            atomicAdd(p, acc[mb][ns][e]);
-          else
-            __stcg(p, acc[mb][ns][e]);
-        }
-      }
-  __threadfence();  // make this thread's partials visible device-wide before the count
-  __syncthreads();
-  int* counter = args.counters + blockIdx.z * gridDim.x + nb;
-  if (tid == 0) last_cta = atomicAdd(counter, 1) == args.split_k - 1;
-  __syncthreads();
-  if (!last_cta) return;
-  __threadfence();
-
-  const int rows = min(kMBlocks * 16, args.M - m0);
-  for (int idx = tid; idx < rows * 64; idx += kThreads) {
-    const int r = idx / 64, c = idx % 64;
-    const int row = m0 + r, col = block_col + c;
-    const int64_t offset = static_cast<int64_t>(row) * args.N_pad + col;
-    float sum;
-    if (args.mode == kReduceAtomic) {
-      sum = __ldcg(args.partial + offset);
-      __stcg(args.partial + offset, 0.0f);  // keep the workspace zeroed for the next call
-    } else {
-      sum = 0.0f;
-      for (int s = 0; s < args.split_k; ++s)  // fixed order: bitwise reproducible
-        sum += __ldcg(args.partial + static_cast<int64_t>(s) * args.M * args.N_pad + offset);
-    }
-    if (col < args.N) y[static_cast<int64_t>(row) * args.ldy + col] = from_float<T>(sum);
+  const int64_t T_total = static_cast<int64_t>(n_blocks) * args.iters;
+  const int P = gridDim.x, c = blockIdx.x;
+  int64_t pos = static_cast<int64_t>(c) * T_total / P;
+  const int64_t end = (static_cast<int64_t>(c) + 1) * T_total / P;
+  while (pos < end) {
+    const int nb = static_cast<int>(pos / args.iters);
+    const int64_t block_begin = static_cast<int64_t>(nb) * args.iters, block_end = block_begin + args.iters;
+    const int64_t seg_end = min(end, block_end);
+    run_segment(nb, static_cast<int>(pos - block_begin), static_cast<int>(seg_end - block_begin));
+    const int first = streamk_owner(block_begin, T_total, P), last = streamk_owner(block_end - 1, T_total, P);
+    finish_segment(nb, first == last, last - first + 1, c - first, kReduceAtomic);
+    pos = seg_end;
   }
-  if (tid == 0) *counter = 0;  // ready for the next call
 }
 
 // xp[m, i] = x[m, perm[i]]: act-order layers are stored with rows sorted by
@@ -388,20 +438,20 @@ __global__ void permute_columns_kernel(const T* x, int64_t ldx, const int32_t* p
 }
 
 // Phase 1 of the decoupled strategy: the whole W as 16-bit values [K_pad, N_pad].
+// One CTA per 64 x 64 tile (the tile one fused-kernel CTA reads per
+// iteration): each lane dequantizes its 32 weights into shared memory, then
+// the tile leaves as 64 coalesced 128-byte rows.
 template <typename T, bool kFloatZero>
-__global__ void dequantize_tiled_kernel(const uint4* qweight, const uint32_t* scale_zero, T* out, int iters,
-                                        int rows_per_group, int N_pad) {
-  const int64_t chunk = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;  // one lane's 16 bytes
-  const int64_t total = static_cast<int64_t>(N_pad / 64) * iters * kThreads;
-  if (chunk >= total) return;
-  const int tid = static_cast<int>(chunk % kThreads);
-  const int64_t block_iter = chunk / kThreads;
-  const int nb = static_cast<int>(block_iter / iters), it = static_cast<int>(block_iter % iters);
-  const int lane = tid % 32, warp = tid / 32, g = lane / 4, t = lane % 4;
-  const int k0 = it * 64, c0 = nb * 64 + warp * 16 + g, c1 = c0 + 8;
-  const uint4 wq = qweight[chunk];
-  const uint32_t* sz_lo = scale_zero + static_cast<int64_t>(k0 / rows_per_group) * N_pad;
-  const uint32_t* sz_hi = scale_zero + static_cast<int64_t>((k0 + 32) / rows_per_group) * N_pad;
+__global__ void __launch_bounds__(kThreads) dequantize_tiled_kernel(const uint4* qweight, const uint32_t* scale_zero,
+                                                                    T* out, int iters, int rows_per_group, int N_pad) {
+  constexpr int kStride = 64 + 8;  // halves; keeps the column-wise stores below off one bank
+  __shared__ __align__(16) T tile[64 * kStride];
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, t = lane % 4;
+  const int nb = blockIdx.x / iters, it = blockIdx.x % iters;
+  const int k0 = it * 64, c0 = warp * 16 + g, c1 = c0 + 8;
+  const uint4 wq = qweight[static_cast<int64_t>(blockIdx.x) * kThreads + tid];
+  const uint32_t* sz_lo = scale_zero + static_cast<int64_t>(k0 / rows_per_group) * N_pad + nb * 64;
+  const uint32_t* sz_hi = scale_zero + static_cast<int64_t>((k0 + 32) / rows_per_group) * N_pad + nb * 64;
   const uint32_t words[4] = {wq.x, wq.y, wq.z, wq.w};
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
@@ -409,24 +459,30 @@ __global__ void dequantize_tiled_kernel(const uint4* qweight, const uint32_t* sc
     uint32_t b0[2], b1[2];
     dequant_word<T, kFloatZero>(words[j], column_dequant<T>(sz[c0]), column_dequant<T>(sz[c1]), b0, b1);
     // b?[0] holds rows 2t, 2t+1 and b?[1] rows 2t+8, 2t+9 of k-step j.
-    const int64_t r = k0 + 16 * j + 2 * t;
+    const int r = 16 * j + 2 * t;
     const T* v00 = reinterpret_cast<const T*>(&b0[0]);
     const T* v01 = reinterpret_cast<const T*>(&b0[1]);
     const T* v10 = reinterpret_cast<const T*>(&b1[0]);
     const T* v11 = reinterpret_cast<const T*>(&b1[1]);
-    out[r * N_pad + c0] = v00[0];
-    out[(r + 1) * N_pad + c0] = v00[1];
-    out[(r + 8) * N_pad + c0] = v01[0];
-    out[(r + 9) * N_pad + c0] = v01[1];
-    out[r * N_pad + c1] = v10[0];
-    out[(r + 1) * N_pad + c1] = v10[1];
-    out[(r + 8) * N_pad + c1] = v11[0];
-    out[(r + 9) * N_pad + c1] = v11[1];
+    tile[r * kStride + c0] = v00[0];
+    tile[(r + 1) * kStride + c0] = v00[1];
+    tile[(r + 8) * kStride + c0] = v01[0];
+    tile[(r + 9) * kStride + c0] = v01[1];
+    tile[r * kStride + c1] = v10[0];
+    tile[(r + 1) * kStride + c1] = v10[1];
+    tile[(r + 8) * kStride + c1] = v11[0];
+    tile[(r + 9) * kStride + c1] = v11[1];
+  }
+  __syncthreads();
+  for (int chunk = tid; chunk < 64 * 8; chunk += kThreads) {  // 8 chunks of 16 bytes per row
+    const int r = chunk / 8, c = (chunk % 8) * 8;
+    *reinterpret_cast<uint4*>(out + static_cast<int64_t>(k0 + r) * N_pad + nb * 64 + c) =
+        *reinterpret_cast<const uint4*>(tile + r * kStride + c);
   }
 }
 
 template <typename T, int kMBlocks, bool kFloatZero>
-void launch_fused(const KernelArgs& args, int m_passes, cudaStream_t stream) {
+void launch_fused(const KernelArgs& args, dim3 grid, cudaStream_t stream) {
   using L = SharedLayout<kMBlocks>;
   auto kernel = w4a16_fused_kernel<T, kMBlocks, kFloatZero>;
   static bool configured = false;  // per instantiation; the attribute is per device function
@@ -434,17 +490,16 @@ void launch_fused(const KernelArgs& args, int m_passes, cudaStream_t stream) {
     LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes));
     configured = true;
   }
-  const dim3 grid(args.N_pad / 64, args.split_k, m_passes);
   kernel<<<grid, kThreads, L::kBytes, stream>>>(args);
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
 
 template <typename T, bool kFloatZero>
-void launch_fused_rows(const KernelArgs& args, int rows_per_pass, int m_passes, cudaStream_t stream) {
+void launch_fused_rows(const KernelArgs& args, int rows_per_pass, dim3 grid, cudaStream_t stream) {
   switch (rows_per_pass) {
-    case 16: return launch_fused<T, 1, kFloatZero>(args, m_passes, stream);
-    case 32: return launch_fused<T, 2, kFloatZero>(args, m_passes, stream);
-    default: return launch_fused<T, 4, kFloatZero>(args, m_passes, stream);
+    case 16: return launch_fused<T, 1, kFloatZero>(args, grid, stream);
+    case 32: return launch_fused<T, 2, kFloatZero>(args, grid, stream);
+    default: return launch_fused<T, 4, kFloatZero>(args, grid, stream);
   }
 }
 
@@ -476,6 +531,7 @@ const char* w4a16_strategy_name(W4A16Strategy s) {
     case W4A16Strategy::data_parallel: return "data_parallel";
     case W4A16Strategy::split_k_atomic: return "split_k_atomic";
     case W4A16Strategy::split_k_deterministic: return "split_k_deterministic";
+    case W4A16Strategy::stream_k: return "stream_k";
     case W4A16Strategy::decoupled: return "decoupled";
   }
   return "?";
@@ -483,7 +539,7 @@ const char* w4a16_strategy_name(W4A16Strategy s) {
 
 std::optional<W4A16Strategy> parse_w4a16_strategy(std::string_view name) {
   for (auto s : {W4A16Strategy::automatic, W4A16Strategy::data_parallel, W4A16Strategy::split_k_atomic,
-                 W4A16Strategy::split_k_deterministic, W4A16Strategy::decoupled})
+                 W4A16Strategy::split_k_deterministic, W4A16Strategy::stream_k, W4A16Strategy::decoupled})
     if (name == w4a16_strategy_name(s)) return s;
   return std::nullopt;
 }
@@ -586,24 +642,53 @@ void* W4A16Workspace::cublas_handle(int device) {
   return cublas_;
 }
 
+namespace {
+
+// CTAs of the fused kernel that fit on the device at once (one full wave).
+int resident_ctas(int rows_per_pass, bool bf16, int device) {
+  int per_sm = 0;
+  auto query = [&](auto kernel, int smem_bytes) {
+    LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+    LOWBIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem_bytes));
+  };
+  if (rows_per_pass == 16)
+    bf16 ? query(w4a16_fused_kernel<__nv_bfloat16, 1, false>, SharedLayout<1>::kBytes)
+         : query(w4a16_fused_kernel<half, 1, false>, SharedLayout<1>::kBytes);
+  else if (rows_per_pass == 32)
+    bf16 ? query(w4a16_fused_kernel<__nv_bfloat16, 2, false>, SharedLayout<2>::kBytes)
+         : query(w4a16_fused_kernel<half, 2, false>, SharedLayout<2>::kBytes);
+  else
+    bf16 ? query(w4a16_fused_kernel<__nv_bfloat16, 4, false>, SharedLayout<4>::kBytes)
+         : query(w4a16_fused_kernel<half, 4, false>, SharedLayout<4>::kBytes);
+  return std::max(1, per_sm) * sm_count(device);
+}
+
+}  // namespace
+
 W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& options) {
   W4A16Plan plan{options.strategy, 1, M <= 16 ? 16 : (M <= 32 ? 32 : 64)};
   if (plan.strategy == W4A16Strategy::automatic)
     // Up to 64 rows the fused kernel streams the weights once; beyond, a
     // tensor-core GEMM on dequantized weights is compute-efficient while the
     // fused kernel would re-read the weights for every 64 rows.
-    plan.strategy = M <= 64 ? W4A16Strategy::split_k_deterministic : W4A16Strategy::decoupled;
+    plan.strategy = M <= 64 ? W4A16Strategy::stream_k : W4A16Strategy::decoupled;
   const int iters = static_cast<int>(w.K_padded() / 64);
-  if (plan.strategy == W4A16Strategy::split_k_atomic || plan.strategy == W4A16Strategy::split_k_deterministic) {
-    int split = options.split_k;
-    if (split <= 0) {
-      // Enough CTAs for ~8 resident per SM: the weight stream needs many
-      // loads in flight, and one 64-column block rarely gives enough CTAs.
-      const int64_t m_passes = (M + plan.rows_per_pass - 1) / plan.rows_per_pass;
-      const int64_t blocks = (w.N_padded() / 64) * m_passes;
-      split = static_cast<int>((8 * sm_count(w.device()) + blocks - 1) / blocks);
+  const int64_t m_passes = (M + plan.rows_per_pass - 1) / plan.rows_per_pass;
+  const int64_t blocks = (w.N_padded() / 64) * m_passes;
+  const bool split = plan.strategy == W4A16Strategy::split_k_atomic ||
+                     plan.strategy == W4A16Strategy::split_k_deterministic;
+  if (split || plan.strategy == W4A16Strategy::stream_k) {
+    // The weight stream needs every SM busy with several CTAs: aim for exactly
+    // one full wave of resident CTAs, so that none idles in a partial last wave.
+    const int64_t wave = resident_ctas(plan.rows_per_pass, w.act_dtype() == DType::bf16, w.device());
+    if (split) {
+      const int64_t choice = options.split_k > 0 ? options.split_k : std::max<int64_t>(1, wave / blocks);
+      plan.split_k = static_cast<int>(std::clamp<int64_t>(choice, 1, iters));
+    } else {
+      const int64_t per_pass = std::max<int64_t>(1, wave / m_passes);
+      const int64_t choice = options.split_k > 0 ? options.split_k : per_pass;
+      plan.split_k = static_cast<int>(std::clamp<int64_t>(choice, 1, (w.N_padded() / 64) * iters));
     }
-    plan.split_k = std::clamp(split, 1, iters);
   }
   return plan;
 }
@@ -651,24 +736,23 @@ void w4a16_gemm(const TensorView& x, const W4A16Weights& w, const TensorView& y,
 
   if (plan.strategy == W4A16Strategy::decoupled) {
     void* wf = workspace.scratch(1, static_cast<size_t>(w.K_padded() * w.N_padded()) * elem, false, w.device());
-    const int64_t chunks = (w.N_padded() / 64) * iters * kThreads;
-    const unsigned blocks = static_cast<unsigned>((chunks + 255) / 256);
+    const unsigned blocks = static_cast<unsigned>((w.N_padded() / 64) * iters);
     auto q = static_cast<const uint4*>(w.qweight());
     const int np = static_cast<int>(w.N_padded());
     if (bf16) {
       if (w.float_zero())
-        dequantize_tiled_kernel<__nv_bfloat16, true><<<blocks, 256, 0, stream>>>(
+        dequantize_tiled_kernel<__nv_bfloat16, true><<<blocks, kThreads, 0, stream>>>(
             q, w.scale_zero(), static_cast<__nv_bfloat16*>(wf), iters, rows_per_group, np);
       else
-        dequantize_tiled_kernel<__nv_bfloat16, false><<<blocks, 256, 0, stream>>>(
+        dequantize_tiled_kernel<__nv_bfloat16, false><<<blocks, kThreads, 0, stream>>>(
             q, w.scale_zero(), static_cast<__nv_bfloat16*>(wf), iters, rows_per_group, np);
     } else {
       if (w.float_zero())
-        dequantize_tiled_kernel<half, true><<<blocks, 256, 0, stream>>>(q, w.scale_zero(), static_cast<half*>(wf),
-                                                                        iters, rows_per_group, np);
+        dequantize_tiled_kernel<half, true><<<blocks, kThreads, 0, stream>>>(
+            q, w.scale_zero(), static_cast<half*>(wf), iters, rows_per_group, np);
       else
-        dequantize_tiled_kernel<half, false><<<blocks, 256, 0, stream>>>(q, w.scale_zero(), static_cast<half*>(wf),
-                                                                         iters, rows_per_group, np);
+        dequantize_tiled_kernel<half, false><<<blocks, kThreads, 0, stream>>>(
+            q, w.scale_zero(), static_cast<half*>(wf), iters, rows_per_group, np);
     }
     LOWBIT_CUDA_CHECK_LAUNCH();
     // Row-major y[M, N] = x[M, K] W[K, N] is column-major y^T = W^T x^T.
@@ -697,30 +781,38 @@ void w4a16_gemm(const TensorView& x, const W4A16Weights& w, const TensorView& y,
   args.iters = iters;
   args.rows_per_group = rows_per_group;
   const int m_passes = static_cast<int>((M + plan.rows_per_pass - 1) / plan.rows_per_pass);
+  dim3 grid(static_cast<unsigned>(w.N_padded() / 64), 1, static_cast<unsigned>(m_passes));
   if (plan.strategy == W4A16Strategy::data_parallel) {
     args.split_k = 1;
     args.mode = kReduceDirect;
   } else {
-    args.split_k = plan.split_k;
-    args.mode = plan.strategy == W4A16Strategy::split_k_atomic ? kReduceAtomic : kReduceOrdered;
-    const size_t partial_floats = static_cast<size_t>(M * w.N_padded()) *
-                                  (args.mode == kReduceOrdered ? static_cast<size_t>(args.split_k) : 1);
+    if (plan.strategy == W4A16Strategy::stream_k) {
+      args.split_k = 1;
+      args.mode = kStreamK;
+      grid.x = static_cast<unsigned>(plan.split_k);
+    } else {
+      args.split_k = plan.split_k;
+      args.mode = plan.strategy == W4A16Strategy::split_k_atomic ? kReduceAtomic : kReduceOrdered;
+      grid.y = static_cast<unsigned>(plan.split_k);
+    }
+    const bool ordered = args.mode == kReduceOrdered;
+    const size_t partial_floats =
+        static_cast<size_t>(M * w.N_padded()) * (ordered ? static_cast<size_t>(args.split_k) : 1);
     // Slot 2: the atomic sums (kept zero) or the ordered partials; slot 3: counters (kept zero).
-    args.partial = static_cast<float*>(
-        workspace.scratch(2, partial_floats * sizeof(float), args.mode == kReduceAtomic, w.device()));
+    args.partial = static_cast<float*>(workspace.scratch(2, partial_floats * sizeof(float), !ordered, w.device()));
     args.counters = static_cast<int*>(workspace.scratch(
         3, static_cast<size_t>(m_passes) * static_cast<size_t>(w.N_padded() / 64) * sizeof(int), true, w.device()));
   }
   if (bf16) {
     if (w.float_zero())
-      launch_fused_rows<__nv_bfloat16, true>(args, plan.rows_per_pass, m_passes, stream);
+      launch_fused_rows<__nv_bfloat16, true>(args, plan.rows_per_pass, grid, stream);
     else
-      launch_fused_rows<__nv_bfloat16, false>(args, plan.rows_per_pass, m_passes, stream);
+      launch_fused_rows<__nv_bfloat16, false>(args, plan.rows_per_pass, grid, stream);
   } else {
     if (w.float_zero())
-      launch_fused_rows<half, true>(args, plan.rows_per_pass, m_passes, stream);
+      launch_fused_rows<half, true>(args, plan.rows_per_pass, grid, stream);
     else
-      launch_fused_rows<half, false>(args, plan.rows_per_pass, m_passes, stream);
+      launch_fused_rows<half, false>(args, plan.rows_per_pass, grid, stream);
   }
 }
 

@@ -91,7 +91,7 @@ std::vector<uint16_t> run_gpu(const Problem& p, const W4A16Weights& w, W4A16Work
   return result;
 }
 
-constexpr W4A16Strategy kStrategies[] = {W4A16Strategy::data_parallel, W4A16Strategy::split_k_atomic,
+constexpr W4A16Strategy kStrategies[] = {W4A16Strategy::data_parallel, W4A16Strategy::split_k_atomic, W4A16Strategy::stream_k,
                                          W4A16Strategy::split_k_deterministic, W4A16Strategy::decoupled,
                                          W4A16Strategy::automatic};
 

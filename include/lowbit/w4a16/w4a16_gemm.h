@@ -9,12 +9,15 @@
 //                          that the last CTA of a block converts (and re-zeroes)
 //   split_k_deterministic  K split over CTAs; each writes its partial, the
 //                          last CTA of a block sums them in a fixed order
+//   stream_k               the k-iterations of all blocks cut into equal
+//                          ranges, one per CTA of exactly one full wave (no
+//                          partial last wave); shared blocks fixed up with
+//                          fp32 atomics like split_k_atomic
 //   decoupled              seed 000's three phases: dequantize W to a 16-bit
 //                          workspace in global memory, then a cuBLAS GEMM (its
 //                          own split-K/reduction inside): kept to measure what
 //                          the memory round trip costs
 //   automatic              chosen by M, N, K and the device's SM count
-// Stream-K is not implemented yet (see docs/w4a16-gemm.md).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -28,7 +31,14 @@
 
 namespace lowbit {
 
-enum class W4A16Strategy : uint8_t { automatic, data_parallel, split_k_atomic, split_k_deterministic, decoupled };
+enum class W4A16Strategy : uint8_t {
+  automatic,
+  data_parallel,
+  split_k_atomic,
+  split_k_deterministic,
+  stream_k,
+  decoupled,
+};
 const char* w4a16_strategy_name(W4A16Strategy s);  // "auto", "data_parallel", ...
 std::optional<W4A16Strategy> parse_w4a16_strategy(std::string_view name);
 
@@ -101,7 +111,7 @@ struct W4A16Options {
 // What a call runs: the strategy, the K split and the rows per pass.
 struct W4A16Plan {
   W4A16Strategy strategy;
-  int split_k;
+  int split_k;        // split-K: CTAs per block; stream-K: CTAs in the wave
   int rows_per_pass;  // 16, 32 or 64; M > 64 takes several passes
 };
 W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& options = {});
