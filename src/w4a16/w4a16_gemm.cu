@@ -88,18 +88,34 @@ __device__ __forceinline__ uint32_t mask_or(uint32_t a) {
 template <typename V> __device__ __forceinline__ uint32_t as_u32(V v) { return *reinterpret_cast<uint32_t*>(&v); }
 template <typename V> __device__ __forceinline__ V from_u32(uint32_t u) { return *reinterpret_cast<V*>(&u); }
 
-// The 16-bit scale s and zero term (z, or m for float zero-point) of one column.
+// The 16-bit scale s and zero term (z, or m for float zero-point) of one
+// column, with the constants its dequantization subtracts computed once per
+// column and k-iteration rather than once per word.
 template <typename T>
 struct ColumnDequant {
-  typename Vec2<T>::type scale;  // (s, s)
-  typename Vec2<T>::type zterm;  // (z, z) or (m, m)
+  typename Vec2<T>::type scale;   // (s, s)
+  typename Vec2<T>::type zterm;   // (z, z) or (m, m)
+  typename Vec2<T>::type lo_sub;  // fp16: 1024 + z (or 1024); bf16: 128 + z (or 128)
+  typename Vec2<T>::type hi_sub;  // fp16: -(64 + z) (or -64); unused for bf16
 };
 
-template <typename T>
+template <typename T, bool kFloatZero>
 __device__ __forceinline__ ColumnDequant<T> column_dequant(uint32_t packed) {
   using V = typename Vec2<T>::type;
   const uint32_t s = packed & 0xFFFFu, z = packed >> 16;
-  return {from_u32<V>(s | (s << 16)), from_u32<V>(z | (z << 16))};
+  ColumnDequant<T> c;
+  c.scale = from_u32<V>(s | (s << 16));
+  c.zterm = from_u32<V>(z | (z << 16));
+  if constexpr (std::is_same_v<T, half>) {
+    const V k1024 = __float2half2_rn(1024.0f), kneg64 = __float2half2_rn(-64.0f);
+    c.lo_sub = kFloatZero ? k1024 : __hadd2(k1024, c.zterm);
+    c.hi_sub = kFloatZero ? kneg64 : __hsub2(kneg64, c.zterm);
+  } else {
+    const V k128 = __float2bfloat162_rn(128.0f);
+    c.lo_sub = kFloatZero ? k128 : __hadd2(k128, c.zterm);
+    c.hi_sub = c.lo_sub;
+  }
+  return c;
 }
 
 // Dequantizes one 32-bit word (8 codes, four register pairs, see the layout
@@ -116,15 +132,12 @@ __device__ __forceinline__ void dequant_word<half, false>(uint32_t w, const Colu
   // (code | 0x6400) is the fp16 number 1024 + q; a code in bits 4..7 gives
   // 1024 + 16q. Subtracting (1024 + z), or scaling by 1/16 and subtracting
   // (64 + z), leaves q - z exactly; one multiply by s rounds once.
-  const half2 k1024 = __float2half2_rn(1024.0f), k64 = __float2half2_rn(64.0f);
   const half2 k1_16 = __float2half2_rn(1.0f / 16.0f);
-  const half2 lo_sub0 = __hadd2(k1024, c0.zterm), hi_sub0 = __hneg2(__hadd2(k64, c0.zterm));
-  const half2 lo_sub1 = __hadd2(k1024, c1.zterm), hi_sub1 = __hneg2(__hadd2(k64, c1.zterm));
   const uint32_t w_hi = w >> 8;
-  const half2 p0 = __hsub2(from_u32<half2>(mask_or<0x000F000Fu, 0x64006400u>(w)), lo_sub0);
-  const half2 p1 = __hfma2(from_u32<half2>(mask_or<0x00F000F0u, 0x64006400u>(w)), k1_16, hi_sub0);
-  const half2 p2 = __hsub2(from_u32<half2>(mask_or<0x000F000Fu, 0x64006400u>(w_hi)), lo_sub1);
-  const half2 p3 = __hfma2(from_u32<half2>(mask_or<0x00F000F0u, 0x64006400u>(w_hi)), k1_16, hi_sub1);
+  const half2 p0 = __hsub2(from_u32<half2>(mask_or<0x000F000Fu, 0x64006400u>(w)), c0.lo_sub);
+  const half2 p1 = __hfma2(from_u32<half2>(mask_or<0x00F000F0u, 0x64006400u>(w)), k1_16, c0.hi_sub);
+  const half2 p2 = __hsub2(from_u32<half2>(mask_or<0x000F000Fu, 0x64006400u>(w_hi)), c1.lo_sub);
+  const half2 p3 = __hfma2(from_u32<half2>(mask_or<0x00F000F0u, 0x64006400u>(w_hi)), k1_16, c1.hi_sub);
   b0[0] = as_u32(__hmul2(p0, c0.scale));
   b0[1] = as_u32(__hmul2(p1, c0.scale));
   b1[0] = as_u32(__hmul2(p2, c1.scale));
@@ -135,14 +148,13 @@ template <>
 __device__ __forceinline__ void dequant_word<half, true>(uint32_t w, const ColumnDequant<half>& c0,
                                                          const ColumnDequant<half>& c1, uint32_t (&b0)[2],
                                                          uint32_t (&b1)[2]) {
-  // q exactly (as above), then w = q*s + m with one rounding (fma).
-  const half2 k1024 = __float2half2_rn(1024.0f), kneg64 = __float2half2_rn(-64.0f);
+  // q exactly (as above, lo_sub = 1024, hi_sub = -64), then w = q*s + m with one rounding (fma).
   const half2 k1_16 = __float2half2_rn(1.0f / 16.0f);
   const uint32_t w_hi = w >> 8;
-  const half2 q0 = __hsub2(from_u32<half2>(mask_or<0x000F000Fu, 0x64006400u>(w)), k1024);
-  const half2 q1 = __hfma2(from_u32<half2>(mask_or<0x00F000F0u, 0x64006400u>(w)), k1_16, kneg64);
-  const half2 q2 = __hsub2(from_u32<half2>(mask_or<0x000F000Fu, 0x64006400u>(w_hi)), k1024);
-  const half2 q3 = __hfma2(from_u32<half2>(mask_or<0x00F000F0u, 0x64006400u>(w_hi)), k1_16, kneg64);
+  const half2 q0 = __hsub2(from_u32<half2>(mask_or<0x000F000Fu, 0x64006400u>(w)), c0.lo_sub);
+  const half2 q1 = __hfma2(from_u32<half2>(mask_or<0x00F000F0u, 0x64006400u>(w)), k1_16, c0.hi_sub);
+  const half2 q2 = __hsub2(from_u32<half2>(mask_or<0x000F000Fu, 0x64006400u>(w_hi)), c1.lo_sub);
+  const half2 q3 = __hfma2(from_u32<half2>(mask_or<0x00F000F0u, 0x64006400u>(w_hi)), k1_16, c1.hi_sub);
   b0[0] = as_u32(__hfma2(q0, c0.scale, c0.zterm));
   b0[1] = as_u32(__hfma2(q1, c0.scale, c0.zterm));
   b1[0] = as_u32(__hfma2(q2, c1.scale, c1.zterm));
@@ -157,21 +169,20 @@ __device__ __forceinline__ void dequant_word_bf16(uint32_t w, const ColumnDequan
                                                   const ColumnDequant<__nv_bfloat16>& c1, uint32_t (&b0)[2],
                                                   uint32_t (&b1)[2]) {
   using V = __nv_bfloat162;
-  const V k128 = __float2bfloat162_rn(128.0f);
   V p[4];
 #pragma unroll
   for (int j = 0; j < 4; ++j) p[j] = from_u32<V>(mask_or<0x000F000Fu, 0x43004300u>(w >> (4 * j)));
+  // lo_sub is 128 (float zero-point: q exactly, then fma with m) or 128 + z.
   if constexpr (kFloatZero) {
-    b0[0] = as_u32(__hfma2(__hsub2(p[0], k128), c0.scale, c0.zterm));
-    b0[1] = as_u32(__hfma2(__hsub2(p[1], k128), c0.scale, c0.zterm));
-    b1[0] = as_u32(__hfma2(__hsub2(p[2], k128), c1.scale, c1.zterm));
-    b1[1] = as_u32(__hfma2(__hsub2(p[3], k128), c1.scale, c1.zterm));
+    b0[0] = as_u32(__hfma2(__hsub2(p[0], c0.lo_sub), c0.scale, c0.zterm));
+    b0[1] = as_u32(__hfma2(__hsub2(p[1], c0.lo_sub), c0.scale, c0.zterm));
+    b1[0] = as_u32(__hfma2(__hsub2(p[2], c1.lo_sub), c1.scale, c1.zterm));
+    b1[1] = as_u32(__hfma2(__hsub2(p[3], c1.lo_sub), c1.scale, c1.zterm));
   } else {
-    const V sub0 = __hadd2(k128, c0.zterm), sub1 = __hadd2(k128, c1.zterm);
-    b0[0] = as_u32(__hmul2(__hsub2(p[0], sub0), c0.scale));
-    b0[1] = as_u32(__hmul2(__hsub2(p[1], sub0), c0.scale));
-    b1[0] = as_u32(__hmul2(__hsub2(p[2], sub1), c1.scale));
-    b1[1] = as_u32(__hmul2(__hsub2(p[3], sub1), c1.scale));
+    b0[0] = as_u32(__hmul2(__hsub2(p[0], c0.lo_sub), c0.scale));
+    b0[1] = as_u32(__hmul2(__hsub2(p[1], c0.lo_sub), c0.scale));
+    b1[0] = as_u32(__hmul2(__hsub2(p[2], c1.lo_sub), c1.scale));
+    b1[1] = as_u32(__hmul2(__hsub2(p[3], c1.lo_sub), c1.scale));
   }
 }
 template <>
@@ -240,9 +251,9 @@ __device__ __forceinline__ int streamk_owner(int64_t p, int64_t T, int P) {
 //     last partial wave); a range may cover the end of one block and the start
 //     of the next, and blocks shared by several CTAs are fixed up like split-K.
 // Residency wanted per SM: decode tiles need many CTAs in flight (registers
-// capped at 64 for 8 CTAs); larger M tiles hold more accumulators.
+// capped at 72 for 7 CTAs); larger M tiles hold more accumulators.
 template <int kMBlocks>
-constexpr int kMinCtasPerSm = kMBlocks == 1 ? 8 : (kMBlocks == 2 ? 6 : 4);
+constexpr int kMinCtasPerSm = kMBlocks == 1 ? 7 : (kMBlocks == 2 ? 6 : 4);
 
 template <typename T, int kMBlocks, bool kFloatZero>
 __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMBlocks>) w4a16_fused_kernel(const KernelArgs args) {
@@ -318,8 +329,12 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMBlocks>) w4a16_fused
       const int s = i % kStages;
       const uint4 wq = stage_w(s)[tid];
       const uint32_t* sz = stage_sz(s);
-      const ColumnDequant<T> lo0 = column_dequant<T>(sz[col0]), lo1 = column_dequant<T>(sz[col1]);
-      const ColumnDequant<T> hi0 = column_dequant<T>(sz[64 + col0]), hi1 = column_dequant<T>(sz[64 + col1]);
+      const ColumnDequant<T> lo0 = column_dequant<T, kFloatZero>(sz[col0]);
+      const ColumnDequant<T> lo1 = column_dequant<T, kFloatZero>(sz[col1]);
+      // Rows k0+32.. share the group of rows k0.. unless groups are 32 rows.
+      const bool one_group = args.rows_per_group >= 64;
+      const ColumnDequant<T> hi0 = one_group ? lo0 : column_dequant<T, kFloatZero>(sz[64 + col0]);
+      const ColumnDequant<T> hi1 = one_group ? lo1 : column_dequant<T, kFloatZero>(sz[64 + col1]);
       uint32_t b[4][2][2];
       dequant_word<T, kFloatZero>(wq.x, lo0, lo1, b[0][0], b[0][1]);
       dequant_word<T, kFloatZero>(wq.y, lo0, lo1, b[1][0], b[1][1]);
@@ -457,7 +472,8 @@ __global__ void __launch_bounds__(kThreads) dequantize_tiled_kernel(const uint4*
   for (int j = 0; j < 4; ++j) {
     const uint32_t* sz = j < 2 ? sz_lo : sz_hi;
     uint32_t b0[2], b1[2];
-    dequant_word<T, kFloatZero>(words[j], column_dequant<T>(sz[c0]), column_dequant<T>(sz[c1]), b0, b1);
+    dequant_word<T, kFloatZero>(words[j], column_dequant<T, kFloatZero>(sz[c0]),
+                                column_dequant<T, kFloatZero>(sz[c1]), b0, b1);
     // b?[0] holds rows 2t, 2t+1 and b?[1] rows 2t+8, 2t+9 of k-step j.
     const int r = 16 * j + 2 * t;
     const T* v00 = reinterpret_cast<const T*>(&b0[0]);
@@ -671,7 +687,7 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
     // Up to 64 rows the fused kernel streams the weights once; beyond, a
     // tensor-core GEMM on dequantized weights is compute-efficient while the
     // fused kernel would re-read the weights for every 64 rows.
-    plan.strategy = M <= 64 ? W4A16Strategy::stream_k : W4A16Strategy::decoupled;
+    plan.strategy = M <= 64 ? W4A16Strategy::split_k_deterministic : W4A16Strategy::decoupled;
   const int iters = static_cast<int>(w.K_padded() / 64);
   const int64_t m_passes = (M + plan.rows_per_pass - 1) / plan.rows_per_pass;
   const int64_t blocks = (w.N_padded() / 64) * m_passes;
