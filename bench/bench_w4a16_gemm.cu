@@ -1,4 +1,4 @@
-// bench_w4a16_gemm [--json FILE] [--quick] [--m 1,16,64] [--reps N]
+// bench_w4a16_gemm [--json FILE] [--quick] [--m 1,16,64] [--shapes sq4096,llama70-down] [--reps N]
 //
 // Every W4A16 strategy and `auto` beside cuBLAS FP16 on the same problem, in
 // one run: the nine layer shapes of the peer anchors (K x N), M in
@@ -59,7 +59,7 @@ std::vector<int64_t> parse_list(const char* s) {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  std::string json_path;
+  std::string json_path, shape_filter;
   bool quick = false;
   int reps = 50;
   std::vector<int64_t> ms = {1, 16, 32, 64, 128, 256, 1024};
@@ -68,8 +68,9 @@ int main(int argc, char** argv) try {
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--m") && i + 1 < argc) ms = parse_list(argv[++i]);
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--shapes") && i + 1 < argc) shape_filter = std::string(",") + argv[++i] + ",";
     else {
-      std::fprintf(stderr, "usage: %s [--json FILE] [--quick] [--m 1,16,64] [--reps N]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--json FILE] [--quick] [--m 1,16,64] [--shapes LABEL,...] [--reps N]\n", argv[0]);
       return 2;
     }
   }
@@ -100,6 +101,7 @@ int main(int argc, char** argv) try {
   const size_t n_shapes = quick ? 2 : std::size(kShapes);
   for (size_t si = 0; si < n_shapes; ++si) {
     const Shape shape = kShapes[si];
+    if (!shape_filter.empty() && shape_filter.find(std::string(",") + shape.label + ",") == std::string::npos) continue;
     const W4A16Weights w = W4A16Weights::random(shape.K, shape.N, 128, DType::f16, 1000 + si);
     Buffer wf16(static_cast<size_t>(shape.K * shape.N) * 2, Device::cuda);
     cuda::fill_random_f16(wf16.data(), static_cast<size_t>(shape.K * shape.N), 2000 + si, 0.02f);

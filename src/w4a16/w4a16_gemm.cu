@@ -3,15 +3,15 @@
 // cores (mma.sync.m16n8k16, sm_80 and later; also the path Hopper runs).
 //
 // One CTA = 4 warps = one block of 64 output columns x up to 64 rows of M,
-// over a range of k-iterations (64 rows of K each). Per iteration the CTA
-// brings, with cp.async into a 4-stage shared-memory ring:
-//   - the activation tile x[rows, 64]      (shared by the 4 warps: ldmatrix)
-//   - 2 KB of packed weights               (each lane's own 16 bytes)
-//   - the scale/zero pairs of <= 2 groups  (64 columns x 4 bytes each)
+// over a range of k-iterations (64 rows of K each). Per stage (2 iterations)
+// the CTA brings, with cp.async into a 3-stage shared-memory ring:
+//   - the activation tile x[rows, 128]     (shared by the 4 warps: ldmatrix)
+//   - 4 KB of packed weights               (each lane's own 2 x 16 bytes)
+//   - the scale/zero pairs of <= 4 groups  (64 columns x 4 bytes each)
 // Why this shape:
 //   - decode (M <= 16) is a pure weight stream: every weight byte is used by
 //     exactly one lane, so the only goals are many bytes in flight and little
-//     work per byte. The 4-stage cp.async ring keeps 3 iterations (7.5 KB per
+//     work per byte. The 3-stage cp.async ring keeps 2 stages (9 KB per
 //     CTA) of loads outstanding without holding them in registers, and split-K
 //     multiplies the CTAs so every SM has several resident.
 //   - a lane's 16 bytes dequantize into the B operands of 8 mma instructions
@@ -39,8 +39,13 @@ namespace lowbit {
 namespace {
 
 constexpr int kThreads = 128;  // 4 warps, one 16-column strip each
-constexpr int kStages = 4;
-constexpr int kXStride = 72;   // 64 + 8 halves: rows 144 B apart, so ldmatrix's 8 rows hit 8 distinct bank groups
+// A stage holds two 64-row k-iterations: one barrier and one wait per 2 KB of
+// weights per warp instead of per 1 KB (the per-iteration bookkeeping, not the
+// bytes, limited the first version). Three stages keep two in flight.
+constexpr int kItersPerStage = 2;
+constexpr int kStages = 3;
+// 128 + 8 halves: rows 272 B apart, so ldmatrix's 8 rows hit 8 distinct bank groups.
+constexpr int kXStride = 64 * kItersPerStage + 8;
 
 enum ReduceMode : int { kReduceDirect = 0, kReduceAtomic = 1, kReduceOrdered = 2, kStreamK = 3 };
 
@@ -228,8 +233,8 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
 template <int kMBlocks>
 struct SharedLayout {
   static constexpr int kXBytes = kMBlocks * 16 * kXStride * 2;
-  static constexpr int kWBytes = kThreads * 16;
-  static constexpr int kSzBytes = 2 * 64 * 4;
+  static constexpr int kWBytes = kItersPerStage * kThreads * 16;
+  static constexpr int kSzBytes = kItersPerStage * 2 * 64 * 4;
   static constexpr int kStageBytes = kXBytes + kWBytes + kSzBytes;
   static constexpr int kBytes = kStages * kStageBytes;
 };
@@ -277,27 +282,32 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMBlocks>) w4a16_fused
   // Rows past M are zero in every stage, written once here and never again:
   // at decode (M = 1) that saves 15 of 16 activation copies per iteration.
   const int valid_rows = min(kMBlocks * 16, args.M - m0);
-  for (int idx = tid; idx < kStages * (kMBlocks * 16 - valid_rows) * 8; idx += kThreads) {
-    const int s = idx / ((kMBlocks * 16 - valid_rows) * 8), rem = idx % ((kMBlocks * 16 - valid_rows) * 8);
-    *reinterpret_cast<uint4*>(stage_x(s) + (valid_rows + rem / 8) * kXStride + (rem % 8) * 8) = make_uint4(0, 0, 0, 0);
+  constexpr int kRowChunks = 8 * kItersPerStage;  // 16-byte chunks per activation row of a stage
+  const int zero_chunks = (kMBlocks * 16 - valid_rows) * kRowChunks;
+  for (int idx = tid; idx < kStages * zero_chunks; idx += kThreads) {
+    const int s = idx / zero_chunks, rem = idx % zero_chunks;
+    *reinterpret_cast<uint4*>(stage_x(s) + (valid_rows + rem / kRowChunks) * kXStride + (rem % kRowChunks) * 8) =
+        make_uint4(0, 0, 0, 0);
   }
 
-  auto load_stage = [&](int s, int nb, int it) {
+  // Loads `count` (1 or 2) k-iterations starting at `it` of block nb into stage s.
+  auto load_stage = [&](int s, int nb, int it, int count) {
     const int k0 = it * 64;
     T* xs = stage_x(s);
-    for (int c = tid; c < valid_rows * 8; c += kThreads) {
-      const int r = c / 8, kc = (c % 8) * 8;
+    for (int c = tid; c < valid_rows * 8 * count; c += kThreads) {
+      const int r = c / (8 * count), kc = (c % (8 * count)) * 8;
       const bool valid = k0 + kc < args.K;
       const T* src = valid ? x + static_cast<int64_t>(m0 + r) * args.ldx + k0 + kc : x;
       cp_async16(xs + r * kXStride + kc, src, valid ? 16 : 0);
     }
-    // Weights: each thread fetches the 16 bytes it will dequantize.
-    cp_async16(stage_w(s) + tid, args.qweight + (static_cast<int64_t>(nb) * args.iters + it) * kThreads + tid, 16);
-    // Scale/zero pairs of the groups of rows k0 and k0 + 32 (equal unless group size 32).
-    if (tid < 32) {
-      const int half_sel = tid / 16, chunk = tid % 16;
-      const int group = (k0 + 32 * half_sel) / args.rows_per_group;
-      cp_async16(stage_sz(s) + half_sel * 64 + chunk * 4,
+    // Weights: each thread fetches the 16 bytes per iteration it will dequantize.
+    const uint4* wsrc = args.qweight + (static_cast<int64_t>(nb) * args.iters + it) * kThreads + tid;
+    for (int sub = 0; sub < count; ++sub) cp_async16(stage_w(s) + sub * kThreads + tid, wsrc + sub * kThreads, 16);
+    // Scale/zero pairs of the groups of rows k0 + 32j (pairs equal unless group size 32).
+    if (tid < 32 * count) {
+      const int part = tid / 16, chunk = tid % 16;
+      const int group = (k0 + 32 * part) / args.rows_per_group;
+      cp_async16(stage_sz(s) + part * 64 + chunk * 4,
                  args.scale_zero + static_cast<int64_t>(group) * args.N_pad + nb * 64 + chunk * 4, 16);
     }
   };
@@ -314,43 +324,51 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMBlocks>) w4a16_fused
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[mb][ns][e] = 0.0f;
     const int n_iters = it_end - it_begin;
+    const int n_stages = (n_iters + kItersPerStage - 1) / kItersPerStage;
+    auto stage_count = [&](int j) { return min(kItersPerStage, n_iters - j * kItersPerStage); };
     __syncthreads();  // the previous segment's last stage is no longer being read
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
-      if (s < n_iters) load_stage(s, nb, it_begin + s);
+      if (s < n_stages) load_stage(s, nb, it_begin + s * kItersPerStage, stage_count(s));
       cp_async_commit();
     }
-    for (int i = 0; i < n_iters; ++i) {
+    for (int j = 0; j < n_stages; ++j) {
       cp_async_wait<kStages - 2>();
-      __syncthreads();  // stage i is visible to all; stage i-1 is no longer being read
-      if (i + kStages - 1 < n_iters) load_stage((i + kStages - 1) % kStages, nb, it_begin + i + kStages - 1);
+      __syncthreads();  // stage j is visible to all; stage j-1 is no longer being read
+      const int next = j + kStages - 1;
+      if (next < n_stages) load_stage(next % kStages, nb, it_begin + next * kItersPerStage, stage_count(next));
       cp_async_commit();
 
-      const int s = i % kStages;
-      const uint4 wq = stage_w(s)[tid];
-      const uint32_t* sz = stage_sz(s);
-      const ColumnDequant<T> lo0 = column_dequant<T, kFloatZero>(sz[col0]);
-      const ColumnDequant<T> lo1 = column_dequant<T, kFloatZero>(sz[col1]);
-      // Rows k0+32.. share the group of rows k0.. unless groups are 32 rows.
-      const bool one_group = args.rows_per_group >= 64;
-      const ColumnDequant<T> hi0 = one_group ? lo0 : column_dequant<T, kFloatZero>(sz[64 + col0]);
-      const ColumnDequant<T> hi1 = one_group ? lo1 : column_dequant<T, kFloatZero>(sz[64 + col1]);
-      uint32_t b[4][2][2];
-      dequant_word<T, kFloatZero>(wq.x, lo0, lo1, b[0][0], b[0][1]);
-      dequant_word<T, kFloatZero>(wq.y, lo0, lo1, b[1][0], b[1][1]);
-      dequant_word<T, kFloatZero>(wq.z, hi0, hi1, b[2][0], b[2][1]);
-      dequant_word<T, kFloatZero>(wq.w, hi0, hi1, b[3][0], b[3][1]);
+      const int s = j % kStages;
+      const int count = stage_count(j);
+#pragma unroll
+      for (int sub = 0; sub < kItersPerStage; ++sub) {
+        if (sub >= count) break;
+        const uint4 wq = stage_w(s)[sub * kThreads + tid];
+        const uint32_t* sz = stage_sz(s) + sub * 128;
+        const ColumnDequant<T> lo0 = column_dequant<T, kFloatZero>(sz[col0]);
+        const ColumnDequant<T> lo1 = column_dequant<T, kFloatZero>(sz[col1]);
+        // Rows k0+32.. share the group of rows k0.. unless groups are 32 rows.
+        const bool one_group = args.rows_per_group >= 64;
+        const ColumnDequant<T> hi0 = one_group ? lo0 : column_dequant<T, kFloatZero>(sz[64 + col0]);
+        const ColumnDequant<T> hi1 = one_group ? lo1 : column_dequant<T, kFloatZero>(sz[64 + col1]);
+        uint32_t b[4][2][2];
+        dequant_word<T, kFloatZero>(wq.x, lo0, lo1, b[0][0], b[0][1]);
+        dequant_word<T, kFloatZero>(wq.y, lo0, lo1, b[1][0], b[1][1]);
+        dequant_word<T, kFloatZero>(wq.z, hi0, hi1, b[2][0], b[2][1]);
+        dequant_word<T, kFloatZero>(wq.w, hi0, hi1, b[3][0], b[3][1]);
 
-      const T* xs = stage_x(s);
+        const T* xs = stage_x(s) + sub * 64;
 #pragma unroll
-      for (int mb = 0; mb < kMBlocks; ++mb) {
-        if (mb * 16 >= valid_rows) break;  // all-zero row blocks contribute nothing
+        for (int mb = 0; mb < kMBlocks; ++mb) {
+          if (mb * 16 >= valid_rows) break;  // all-zero row blocks contribute nothing
 #pragma unroll
-        for (int ks = 0; ks < 4; ++ks) {
-          uint32_t a[4];
-          ldmatrix_x4(a, xs + (mb * 16 + lane % 16) * kXStride + ks * 16 + (lane / 16) * 8);
-          mma_16816<T>(acc[mb][0], a, b[ks][0]);
-          mma_16816<T>(acc[mb][1], a, b[ks][1]);
+          for (int ks = 0; ks < 4; ++ks) {
+            uint32_t a[4];
+            ldmatrix_x4(a, xs + (mb * 16 + lane % 16) * kXStride + ks * 16 + (lane / 16) * 8);
+            mma_16816<T>(acc[mb][0], a, b[ks][0]);
+            mma_16816<T>(acc[mb][1], a, b[ks][1]);
+          }
         }
       }
     }
