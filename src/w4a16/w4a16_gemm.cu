@@ -301,8 +301,9 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMBlocks>) w4a16_fused
       cp_async16(xs + r * kXStride + kc, src, valid ? 16 : 0);
     }
     // Weights: each thread fetches the 16 bytes per iteration it will dequantize.
-    const uint4* wsrc = args.qweight + (static_cast<int64_t>(nb) * args.iters + it) * kThreads + tid;
-    for (int sub = 0; sub < count; ++sub) cp_async16(stage_w(s) + sub * kThreads + tid, wsrc + sub * kThreads, 16);
+    const uint4* wsrc = args.qweight + (static_cast<int64_t>(it) * n_blocks + nb) * kThreads + tid;
+    for (int sub = 0; sub < count; ++sub)
+      cp_async16(stage_w(s) + sub * kThreads + tid, wsrc + static_cast<int64_t>(sub) * n_blocks * kThreads, 16);
     // Scale/zero pairs of the groups of rows k0 + 32j (pairs equal unless group size 32).
     if (tid < 32 * count) {
       const int part = tid / 16, chunk = tid % 16;
@@ -480,7 +481,7 @@ __global__ void __launch_bounds__(kThreads) dequantize_tiled_kernel(const uint4*
   constexpr int kStride = 64 + 8;  // halves; keeps the column-wise stores below off one bank
   __shared__ __align__(16) T tile[64 * kStride];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, t = lane % 4;
-  const int nb = blockIdx.x / iters, it = blockIdx.x % iters;
+  const int n_blocks = N_pad / 64, it = blockIdx.x / n_blocks, nb = blockIdx.x % n_blocks;
   const int k0 = it * 64, c0 = warp * 16 + g, c1 = c0 + 8;
   const uint4 wq = qweight[static_cast<int64_t>(blockIdx.x) * kThreads + tid];
   const uint32_t* sz_lo = scale_zero + static_cast<int64_t>(k0 / rows_per_group) * N_pad + nb * 64;

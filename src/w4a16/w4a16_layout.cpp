@@ -93,7 +93,7 @@ PackedLinear pack_w4a16_tiled(const QuantizedLinear& input, DType act, bool allo
   packed.group_size = layer.group_size;
   packed.zero_point = layer.zero_point;
 
-  HostTensor qweight = HostTensor::make(DType::u32, {NB, I, kW4A16WarpsPerBlock, 32, 4});
+  HostTensor qweight = HostTensor::make(DType::u32, {I, NB, kW4A16WarpsPerBlock, 32, 4});
   auto words = qweight.span<uint32_t>();
   parallel_for(0, NB * I, 16, [&](int64_t b0, int64_t b1) {
     for (int64_t bi = b0; bi < b1; ++bi) {
@@ -109,7 +109,8 @@ PackedLinear pack_w4a16_tiled(const QuantizedLinear& input, DType act, bool allo
               const uint32_t code = (k < K && n < N) ? layer.codes[static_cast<size_t>(k * N + n)] : 0u;
               packed_word |= code << (4 * slot);
             }
-            words[static_cast<size_t>((((bi * kW4A16WarpsPerBlock + w) * 32) + lane) * 4 + word)] = packed_word;
+            words[static_cast<size_t>(((((i * NB + nb) * kW4A16WarpsPerBlock + w) * 32) + lane) * 4 + word)] =
+                packed_word;
           }
     }
   });
@@ -150,7 +151,7 @@ QuantizedLinear unpack_w4a16_tiled(const PackedLinear& packed) {
   const HostTensor& scale_zero = packed.tensor("scale_zero");
   const int64_t rows_per_group = packed.group_size == -1 ? Kp : packed.group_size;
   if (qweight.dtype != DType::u32 || qweight.numel() != NB * I * kW4A16WarpsPerBlock * 32 * 4)
-    fail(ErrorKind::format, packed.layout, ": qweight is ", qweight.describe(), ": expected u32 [", NB, ", ", I,
+    fail(ErrorKind::format, packed.layout, ": qweight is ", qweight.describe(), ": expected u32 [", I, ", ", NB,
          ", 4, 32, 4] for K = ", K, ", N = ", N);
   if (scale_zero.dtype != DType::u32 || scale_zero.numel() != (Kp / rows_per_group) * Np)
     fail(ErrorKind::format, packed.layout, ": scale_zero is ", scale_zero.describe(), ": expected u32 [",
@@ -164,7 +165,7 @@ QuantizedLinear unpack_w4a16_tiled(const PackedLinear& packed) {
       for (int lane = 0; lane < 32; ++lane)
         for (int word = 0; word < 4; ++word) {
           const uint32_t packed_word =
-              words[static_cast<size_t>((((bi * kW4A16WarpsPerBlock + w) * 32) + lane) * 4 + word)];
+              words[static_cast<size_t>(((((i * NB + nb) * kW4A16WarpsPerBlock + w) * 32) + lane) * 4 + word)];
           for (int slot = 0; slot < 8; ++slot) {
             const SlotPosition p = slot_position(lane, word, slot);
             const int64_t k = i * kW4A16TileK + p.row;

@@ -44,12 +44,13 @@ TEST(W4A16Layout, CodesLandWhereTheKernelReadsThem) {
     layer.codes[static_cast<size_t>(k * 128 + n)] = 15;
     const auto packed = pack_w4a16_tiled(layer, DType::f16);
     const auto words = packed.tensor("qweight").span<uint32_t>();
-    const int64_t I = 192 / 64, nb = n / 64, i = k / 64, w = (n % 64) / 16, c = n % 16, r = k % 64;
+    const int64_t nb = n / 64, i = k / 64, w = (n % 64) / 16, c = n % 16, r = k % 64;
     const int word = static_cast<int>(r / 16), within = static_cast<int>(r % 16);
     const int t = (within % 8) / 2, half = within % 2, upper_k = within >= 8 ? 1 : 0;
     const int g = static_cast<int>(c % 8), nsub = c >= 8 ? 1 : 0;
     const int lane = g * 4 + t, slot = half * 4 + nsub * 2 + upper_k;
-    const size_t index = static_cast<size_t>((((nb * I + i) * 4 + w) * 32 + lane) * 4 + word);
+    const int64_t NB = 128 / 64;
+    const size_t index = static_cast<size_t>((((i * NB + nb) * 4 + w) * 32 + lane) * 4 + word);
     for (size_t x = 0; x < words.size(); ++x)
       EXPECT_EQ(words[x], x == index ? 0xFu << (4 * slot) : 0u) << "k=" << k << " n=" << n << " word " << x;
   }

@@ -6,7 +6,10 @@
 //
 // Layout facts (K_pad = K rounded up to 64, N_pad = N rounded up to 64,
 // I = K_pad / 64 k-iterations, G_pad = groups of K_pad):
-//  - qweight u32 [N_pad/64][I][4 warps][32 lanes][4 words]: block nb covers
+//  - qweight u32 [I][N_pad/64][4 warps][32 lanes][4 words]: iteration-major,
+//    so the CTAs working on different blocks at the same k read neighbouring
+//    2 KB tiles rather than streams a fixed stride apart (on the H100 the two
+//    orders measured the same; this one cannot camp on memory channels). Block nb covers
 //    columns nb*64 .. nb*64+63; warp w of it columns n0 = nb*64 + 16w ..
 //    n0+15; iteration i rows k0 = 64i .. 64i+63. Lane l (g = l/4, t = l%4),
 //    word j (k-step: rows k0+16j .. k0+16j+15) holds eight codes in nibble
