@@ -2,7 +2,6 @@
 // errors), messages that name the problem, --help on every command, and the
 // quantize -> inspect -> dequantize round trip on a checkpoint made here.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <array>
 #include <cstdio>
@@ -16,24 +15,12 @@
 
 namespace fs = std::filesystem;
 
+#include "cli_runner.h"
+
 namespace {
 
-struct RunResult {
-  int exit_code;
-  std::string output;  // stdout and stderr together
-};
-
-RunResult run_lowbit(const std::string& args) {
-  const std::string command = std::string(LOWBIT_CLI_PATH) + " " + args + " 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return {-1, "popen failed"};
-  std::string output;
-  std::array<char, 4096> buffer{};
-  size_t n;
-  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) output.append(buffer.data(), n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
-}
+using RunResult = lowbit::test::CliResult;
+using lowbit::test::run_lowbit;
 
 class TempDir {
  public:

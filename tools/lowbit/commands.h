@@ -11,5 +11,8 @@ void add_env_command(CLI::App& app);
 void add_inspect_command(CLI::App& app);
 void add_quantize_command(CLI::App& app);
 void add_dequantize_command(CLI::App& app);
+void add_kv_command(CLI::App& app);
+void add_ans_command(CLI::App& app);
+void add_bench_command(CLI::App& app);
 
 }  // namespace lowbit::cli

@@ -1,0 +1,39 @@
+// The W4A16 GEMM benchmark behind `lowbit bench gemm`: every strategy and
+// `auto` beside cuBLAS FP16 on the same problem, in one run, on the nine layer
+// shapes of the peer anchors. Plain C++ header: a build without CUDA links a
+// version that throws Error(unsupported).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "lowbit/core/dtype.h"
+
+namespace lowbit {
+
+struct W4A16BenchShape {
+  const char* label;
+  int64_t K, N;
+};
+// sq4096, sq8192, sq16384, qwen3-qkv, qwen3-o, qwen3-gateup, qwen3-down,
+// llama70-gateup, llama70-down (K x N as in the shared anchors).
+std::span<const W4A16BenchShape> w4a16_bench_shapes();
+
+struct W4A16BenchOptions {
+  std::vector<std::string> shapes;  // labels; empty = all nine
+  std::vector<int64_t> ms = {1, 16, 32, 64, 128, 256, 1024};
+  int reps = 50;                    // timed calls per point (median reported)
+  int group_size = 128;
+  DType dtype = DType::f16;         // activations and outputs (cuBLAS baseline is fp16)
+  std::string json_path;            // JSON rows, one per line, when not empty
+};
+
+// Runs the benchmark on device 0, printing one line per measurement and a
+// summary (geometric-mean speedup over cuBLAS FP16 per M, Marlin's from the
+// anchors beside it, M = 1 bandwidth against the measured copy bandwidth).
+// Throws Error(invalid_argument) for an unknown shape label or M < 1.
+void run_w4a16_gemm_benchmark(const W4A16BenchOptions& options);
+
+}  // namespace lowbit

@@ -1,0 +1,47 @@
+// `lowbit bench`: the benchmarks users run on their own GPU. Each subcommand
+// times lowbit beside its baseline in the same run and can write JSON rows.
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "lowbit/w4a16/w4a16_bench.h"
+
+namespace lowbit::cli {
+
+void add_bench_command(CLI::App& app) {
+  auto* bench = app.add_subcommand("bench", "Benchmarks on the GPU, each with its baseline timed in the same run");
+  bench->require_subcommand(1);
+
+  auto* gemm = bench->add_subcommand(
+      "gemm",
+      "W4A16 GEMM: every strategy (data_parallel, split_k_atomic, split_k_deterministic, stream_k,\n"
+      "decoupled) and auto beside cuBLAS FP16, on the nine anchor layer shapes, random data,\n"
+      "L2 flushed before every timed call, median of the reps. Prints a line per measurement and a\n"
+      "summary: geometric-mean speedup over cuBLAS per M (Marlin's from the anchors beside it) and\n"
+      "the M = 1 bandwidth against the measured copy bandwidth.");
+  static W4A16BenchOptions options;
+  static std::string dtype = "f16";
+  std::vector<std::string> labels;
+  for (const auto& s : w4a16_bench_shapes()) labels.push_back(s.label);
+  gemm->add_option("--shapes", options.shapes, "Layer shapes to run (default: all)")
+      ->delimiter(',')
+      ->check(CLI::IsMember(labels));
+  gemm->add_option("--m", options.ms, "Values of M, comma-separated")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  gemm->add_option("--reps", options.reps, "Timed calls per point")->check(CLI::PositiveNumber)->capture_default_str();
+  gemm->add_option("--group-size", options.group_size, "Quantization group size")
+      ->check(CLI::IsMember({32, 64, 128, 256, -1}))
+      ->capture_default_str();
+  gemm->add_option("--dtype", dtype, "Activation dtype: f16 or bf16 (the cuBLAS baseline is fp16)")
+      ->check(CLI::IsMember({"f16", "bf16"}))
+      ->capture_default_str();
+  gemm->add_option("--json", options.json_path, "Write one JSON row per measurement to this file");
+  gemm->callback([] {
+    options.dtype = dtype == "bf16" ? DType::bf16 : DType::f16;
+    run_w4a16_gemm_benchmark(options);
+  });
+}
+
+}  // namespace lowbit::cli
