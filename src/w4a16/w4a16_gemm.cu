@@ -123,84 +123,53 @@ __device__ __forceinline__ ColumnDequant<T> column_dequant(uint32_t packed) {
   return c;
 }
 
-// Dequantizes one 32-bit word (8 codes, four register pairs, see the layout
-// header) into the B registers of two mma tiles: b0 for n-subtile 0 (column
-// c0) and b1 for n-subtile 1 (column c1).
-template <typename T, bool kFloatZero>
-__device__ __forceinline__ void dequant_word(uint32_t w, const ColumnDequant<T>& c0, const ColumnDequant<T>& c1,
-                                             uint32_t (&b0)[2], uint32_t (&b1)[2]);
-
-template <>
-__device__ __forceinline__ void dequant_word<half, false>(uint32_t w, const ColumnDequant<half>& c0,
-                                                          const ColumnDequant<half>& c1, uint32_t (&b0)[2],
-                                                          uint32_t (&b1)[2]) {
+// The four register pairs of one 32-bit word (8 codes, see the layout header)
+// as exact 16-bit values q - z (lo_sub/hi_sub carry z; for float zero-point
+// they carry no z and the pairs are q). Pairs 0, 1 belong to column c0, pairs
+// 2, 3 to column c1.
+__device__ __forceinline__ void word_pairs(uint32_t w, const ColumnDequant<half>& c0, const ColumnDequant<half>& c1,
+                                           half2 (&p)[4]) {
   // (code | 0x6400) is the fp16 number 1024 + q; a code in bits 4..7 gives
   // 1024 + 16q. Subtracting (1024 + z), or scaling by 1/16 and subtracting
-  // (64 + z), leaves q - z exactly; one multiply by s rounds once.
+  // (64 + z), leaves q - z exactly, with one LOP3 and one HSUB2/HFMA2 per pair.
   const half2 k1_16 = __float2half2_rn(1.0f / 16.0f);
   const uint32_t w_hi = w >> 8;
-  const half2 p0 = __hsub2(from_u32<half2>(mask_or<0x000F000Fu, 0x64006400u>(w)), c0.lo_sub);
-  const half2 p1 = __hfma2(from_u32<half2>(mask_or<0x00F000F0u, 0x64006400u>(w)), k1_16, c0.hi_sub);
-  const half2 p2 = __hsub2(from_u32<half2>(mask_or<0x000F000Fu, 0x64006400u>(w_hi)), c1.lo_sub);
-  const half2 p3 = __hfma2(from_u32<half2>(mask_or<0x00F000F0u, 0x64006400u>(w_hi)), k1_16, c1.hi_sub);
-  b0[0] = as_u32(__hmul2(p0, c0.scale));
-  b0[1] = as_u32(__hmul2(p1, c0.scale));
-  b1[0] = as_u32(__hmul2(p2, c1.scale));
-  b1[1] = as_u32(__hmul2(p3, c1.scale));
+  p[0] = __hsub2(from_u32<half2>(mask_or<0x000F000Fu, 0x64006400u>(w)), c0.lo_sub);
+  p[1] = __hfma2(from_u32<half2>(mask_or<0x00F000F0u, 0x64006400u>(w)), k1_16, c0.hi_sub);
+  p[2] = __hsub2(from_u32<half2>(mask_or<0x000F000Fu, 0x64006400u>(w_hi)), c1.lo_sub);
+  p[3] = __hfma2(from_u32<half2>(mask_or<0x00F000F0u, 0x64006400u>(w_hi)), k1_16, c1.hi_sub);
 }
 
-template <>
-__device__ __forceinline__ void dequant_word<half, true>(uint32_t w, const ColumnDequant<half>& c0,
-                                                         const ColumnDequant<half>& c1, uint32_t (&b0)[2],
-                                                         uint32_t (&b1)[2]) {
-  // q exactly (as above, lo_sub = 1024, hi_sub = -64), then w = q*s + m with one rounding (fma).
-  const half2 k1_16 = __float2half2_rn(1.0f / 16.0f);
-  const uint32_t w_hi = w >> 8;
-  const half2 q0 = __hsub2(from_u32<half2>(mask_or<0x000F000Fu, 0x64006400u>(w)), c0.lo_sub);
-  const half2 q1 = __hfma2(from_u32<half2>(mask_or<0x00F000F0u, 0x64006400u>(w)), k1_16, c0.hi_sub);
-  const half2 q2 = __hsub2(from_u32<half2>(mask_or<0x000F000Fu, 0x64006400u>(w_hi)), c1.lo_sub);
-  const half2 q3 = __hfma2(from_u32<half2>(mask_or<0x00F000F0u, 0x64006400u>(w_hi)), k1_16, c1.hi_sub);
-  b0[0] = as_u32(__hfma2(q0, c0.scale, c0.zterm));
-  b0[1] = as_u32(__hfma2(q1, c0.scale, c0.zterm));
-  b1[0] = as_u32(__hfma2(q2, c1.scale, c1.zterm));
-  b1[1] = as_u32(__hfma2(q3, c1.scale, c1.zterm));
-}
-
-// bf16 keeps only 7 explicit mantissa bits, so a code in bits 4..7 would
-// spill into the exponent: each pair is shifted down to bits 0..3 first.
-// (code | 0x4300) is the bf16 number 128 + q.
-template <bool kFloatZero>
-__device__ __forceinline__ void dequant_word_bf16(uint32_t w, const ColumnDequant<__nv_bfloat16>& c0,
-                                                  const ColumnDequant<__nv_bfloat16>& c1, uint32_t (&b0)[2],
-                                                  uint32_t (&b1)[2]) {
-  using V = __nv_bfloat162;
-  V p[4];
+__device__ __forceinline__ void word_pairs(uint32_t w, const ColumnDequant<__nv_bfloat16>& c0,
+                                           const ColumnDequant<__nv_bfloat16>& c1, __nv_bfloat162 (&p)[4]) {
+  // bf16 keeps only 7 explicit mantissa bits, so a code in bits 4..7 would
+  // spill into the exponent: each pair is shifted down to bits 0..3 first.
+  // (code | 0x4300) is the bf16 number 128 + q; lo_sub is 128 + z (or 128).
 #pragma unroll
-  for (int j = 0; j < 4; ++j) p[j] = from_u32<V>(mask_or<0x000F000Fu, 0x43004300u>(w >> (4 * j)));
-  // lo_sub is 128 (float zero-point: q exactly, then fma with m) or 128 + z.
+  for (int j = 0; j < 4; ++j)
+    p[j] = __hsub2(from_u32<__nv_bfloat162>(mask_or<0x000F000Fu, 0x43004300u>(w >> (4 * j))),
+                   (j < 2 ? c0 : c1).lo_sub);
+}
+
+// Dequantizes one word into the B registers of two mma tiles: b0 for
+// n-subtile 0 (column c0) and b1 for n-subtile 1 (column c1). One multiply
+// (or, for float zero-point, one fma with m) rounds each weight once.
+template <typename T, bool kFloatZero>
+__device__ __forceinline__ void dequant_word(uint32_t w, const ColumnDequant<T>& c0, const ColumnDequant<T>& c1,
+                                             uint32_t (&b0)[2], uint32_t (&b1)[2]) {
+  typename Vec2<T>::type p[4];
+  word_pairs(w, c0, c1, p);
   if constexpr (kFloatZero) {
-    b0[0] = as_u32(__hfma2(__hsub2(p[0], c0.lo_sub), c0.scale, c0.zterm));
-    b0[1] = as_u32(__hfma2(__hsub2(p[1], c0.lo_sub), c0.scale, c0.zterm));
-    b1[0] = as_u32(__hfma2(__hsub2(p[2], c1.lo_sub), c1.scale, c1.zterm));
-    b1[1] = as_u32(__hfma2(__hsub2(p[3], c1.lo_sub), c1.scale, c1.zterm));
+    b0[0] = as_u32(__hfma2(p[0], c0.scale, c0.zterm));
+    b0[1] = as_u32(__hfma2(p[1], c0.scale, c0.zterm));
+    b1[0] = as_u32(__hfma2(p[2], c1.scale, c1.zterm));
+    b1[1] = as_u32(__hfma2(p[3], c1.scale, c1.zterm));
   } else {
-    b0[0] = as_u32(__hmul2(__hsub2(p[0], c0.lo_sub), c0.scale));
-    b0[1] = as_u32(__hmul2(__hsub2(p[1], c0.lo_sub), c0.scale));
-    b1[0] = as_u32(__hmul2(__hsub2(p[2], c1.lo_sub), c1.scale));
-    b1[1] = as_u32(__hmul2(__hsub2(p[3], c1.lo_sub), c1.scale));
+    b0[0] = as_u32(__hmul2(p[0], c0.scale));
+    b0[1] = as_u32(__hmul2(p[1], c0.scale));
+    b1[0] = as_u32(__hmul2(p[2], c1.scale));
+    b1[1] = as_u32(__hmul2(p[3], c1.scale));
   }
-}
-template <>
-__device__ __forceinline__ void dequant_word<__nv_bfloat16, false>(uint32_t w, const ColumnDequant<__nv_bfloat16>& c0,
-                                                                   const ColumnDequant<__nv_bfloat16>& c1,
-                                                                   uint32_t (&b0)[2], uint32_t (&b1)[2]) {
-  dequant_word_bf16<false>(w, c0, c1, b0, b1);
-}
-template <>
-__device__ __forceinline__ void dequant_word<__nv_bfloat16, true>(uint32_t w, const ColumnDequant<__nv_bfloat16>& c0,
-                                                                  const ColumnDequant<__nv_bfloat16>& c1,
-                                                                  uint32_t (&b0)[2], uint32_t (&b1)[2]) {
-  dequant_word_bf16<true>(w, c0, c1, b0, b1);
 }
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&a)[4], const void* p) {
