@@ -69,11 +69,7 @@ std::vector<uint8_t> unpack_awq_qzeros(const TensorView& qzeros) {
 
 AwqTensors pack_awq(const QuantizedLinear& layer) {
   layer.validate();
-  if (layer.zero_point == ZeroPoint::float_min)
-    fail(ErrorKind::invalid_argument,
-         "invalid argument 'zero_point' = float_min: AWQ stores integer zero points; expected "
-         "symmetric or integer (convert with to_zero_point(layer, ZeroPoint::integer), exact when "
-         "every min is -scale*z)");
+  const std::vector<uint8_t> zeros = detail::integer_zero_points(layer, "AWQ");
   if (!layer.has_trivial_g_idx())
     fail(ErrorKind::invalid_argument,
          "invalid argument 'g_idx': the layer has act-order (g_idx is not k / group_size) and AWQ "
@@ -84,12 +80,7 @@ AwqTensors pack_awq(const QuantizedLinear& layer) {
   const int64_t K = layer.K, N = layer.N, G = layer.num_groups();
   AwqTensors t;
   t.qweight = pack_awq_qweight(layer.codes, K, N);
-  if (layer.zero_point == ZeroPoint::symmetric) {
-    const std::vector<uint8_t> eights(static_cast<size_t>(G * N), 8);
-    t.qzeros = pack_awq_qzeros(eights, G, N);
-  } else {
-    t.qzeros = pack_awq_qzeros(layer.zeros, G, N);
-  }
+  t.qzeros = pack_awq_qzeros(zeros, G, N);
   t.scales = HostTensor::make(DType::f16, {G, N});
   std::copy(layer.scales.begin(), layer.scales.end(), t.scales.span<f16>().begin());
   return t;

@@ -86,22 +86,13 @@ std::vector<uint8_t> unpack_gptq_qzeros(const TensorView& qzeros, GptqZeros conv
 
 GptqTensors pack_gptq(const QuantizedLinear& layer, GptqZeros convention) {
   layer.validate();
-  if (layer.zero_point == ZeroPoint::float_min)
-    fail(ErrorKind::invalid_argument,
-         "invalid argument 'zero_point' = float_min: GPTQ stores integer zero points; expected "
-         "symmetric or integer (convert with to_zero_point(layer, ZeroPoint::integer), exact when "
-         "every min is -scale*z)");
+  const std::vector<uint8_t> zeros = detail::integer_zero_points(layer, "GPTQ");
   LOWBIT_CHECK_ARG(layer.N % 8 == 0, "N", layer.N,
                    "a multiple of 8 for GPTQ (qzeros pack 8 columns per word)");
   const int64_t K = layer.K, N = layer.N, G = layer.num_groups();
   GptqTensors t;
   t.qweight = pack_gptq_qweight(layer.codes, K, N);
-  if (layer.zero_point == ZeroPoint::symmetric) {
-    const std::vector<uint8_t> eights(static_cast<size_t>(G * N), 8);
-    t.qzeros = pack_gptq_qzeros(eights, G, N, convention);
-  } else {
-    t.qzeros = pack_gptq_qzeros(layer.zeros, G, N, convention);
-  }
+  t.qzeros = pack_gptq_qzeros(zeros, G, N, convention);
   t.scales = HostTensor::make(DType::f16, {G, N});
   std::copy(layer.scales.begin(), layer.scales.end(), t.scales.span<f16>().begin());
   HostTensor g_idx = HostTensor::make(DType::i32, {K});

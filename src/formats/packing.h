@@ -12,6 +12,7 @@
 #include "lowbit/core/error.h"
 #include "lowbit/core/tensor.h"
 #include "lowbit/formats/host_tensor.h"
+#include "lowbit/formats/quantized_linear.h"
 
 namespace lowbit::formats::detail {
 
@@ -75,6 +76,19 @@ inline void check_nibbles(std::span<const uint8_t> values, int64_t count, int64_
       fail(ErrorKind::invalid_argument, "invalid argument '", name, "[",
            static_cast<int64_t>(i) / cols, ", ", static_cast<int64_t>(i) % cols, "]' = ",
            int(values[i]), ": expected a 4-bit value 0..15");
+}
+
+// The integer zero point of every group and column ([G, N]) of a layer that
+// has them: its zeros, or 8 everywhere for a symmetric layer. A float_min
+// layer has none: Error(invalid_argument) naming `format`, which stores them.
+inline std::vector<uint8_t> integer_zero_points(const QuantizedLinear& layer, const char* format) {
+  if (layer.zero_point == ZeroPoint::float_min)
+    fail(ErrorKind::invalid_argument, "invalid argument 'zero_point' = float_min: ", format,
+         " stores integer zero points; expected symmetric or integer (convert with "
+         "to_zero_point(layer, ZeroPoint::integer), exact when every min is -scale*z)");
+  if (layer.zero_point == ZeroPoint::symmetric)
+    return std::vector<uint8_t>(static_cast<size_t>(layer.num_groups() * layer.N), 8);
+  return layer.zeros;
 }
 
 }  // namespace lowbit::formats::detail
