@@ -61,6 +61,7 @@ struct KernelArgs {
   int M, K, N, N_pad;
   int iters;               // K_pad / 64
   int rows_per_group;      // group size, or K_pad for per channel
+  int group_shift;         // log2(group size), or -1 for per channel (one group): no division in the loop
   int split_k;
   int mode;
 };
@@ -259,12 +260,16 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMBlocks>) w4a16_fused
         make_uint4(0, 0, 0, 0);
   }
 
-  // Loads `count` (1 or 2) k-iterations starting at `it` of block nb into stage s.
+  // Loads `count` (1 or 2) k-iterations starting at `it` of block nb into
+  // stage s. Every index here is a shift or a multiply by a constant: this
+  // runs once per stage for every thread, and runtime divisions (the first
+  // version's) cost more instructions than the dequantization itself.
   auto load_stage = [&](int s, int nb, int it, int count) {
     const int k0 = it * 64;
     T* xs = stage_x(s);
-    for (int c = tid; c < valid_rows * 8 * count; c += kThreads) {
-      const int r = c / (8 * count), kc = (c % (8 * count)) * 8;
+    for (int c = tid; c < valid_rows * kRowChunks; c += kThreads) {
+      const int r = c / kRowChunks, kc = (c % kRowChunks) * 8;
+      if (kc >= 64 * count) continue;
       const bool valid = k0 + kc < args.K;
       const T* src = valid ? x + static_cast<int64_t>(m0 + r) * args.ldx + k0 + kc : x;
       cp_async16(xs + r * kXStride + kc, src, valid ? 16 : 0);
@@ -276,7 +281,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMBlocks>) w4a16_fused
     // Scale/zero pairs of the groups of rows k0 + 32j (pairs equal unless group size 32).
     if (tid < 32 * count) {
       const int part = tid / 16, chunk = tid % 16;
-      const int group = (k0 + 32 * part) / args.rows_per_group;
+      const int group = args.group_shift < 0 ? 0 : (k0 + 32 * part) >> args.group_shift;
       cp_async16(stage_sz(s) + part * 64 + chunk * 4,
                  args.scale_zero + static_cast<int64_t>(group) * args.N_pad + nb * 64 + chunk * 4, 16);
     }
@@ -319,7 +324,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMBlocks>) w4a16_fused
         const ColumnDequant<T> lo0 = column_dequant<T, kFloatZero>(sz[col0]);
         const ColumnDequant<T> lo1 = column_dequant<T, kFloatZero>(sz[col1]);
         // Rows k0+32.. share the group of rows k0.. unless groups are 32 rows.
-        const bool one_group = args.rows_per_group >= 64;
+        const bool one_group = args.group_shift < 0 || args.group_shift >= 6;
         const ColumnDequant<T> hi0 = one_group ? lo0 : column_dequant<T, kFloatZero>(sz[64 + col0]);
         const ColumnDequant<T> hi1 = one_group ? lo1 : column_dequant<T, kFloatZero>(sz[64 + col1]);
         uint32_t b[4][2][2];
@@ -784,6 +789,7 @@ void w4a16_gemm(const TensorView& x, const W4A16Weights& w, const TensorView& y,
   args.N_pad = static_cast<int>(w.N_padded());
   args.iters = iters;
   args.rows_per_group = rows_per_group;
+  args.group_shift = w.group_size() > 0 ? __builtin_ctz(static_cast<unsigned>(w.group_size())) : -1;
   const int m_passes = static_cast<int>((M + plan.rows_per_pass - 1) / plan.rows_per_pass);
   dim3 grid(static_cast<unsigned>(w.N_padded() / 64), 1, static_cast<unsigned>(m_passes));
   if (plan.strategy == W4A16Strategy::data_parallel) {
