@@ -355,7 +355,9 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMBlocks>) w4a16_fused
   // ordered mode) of which the last to arrive writes y.
   auto finish_segment = [&](int nb, bool whole, int contributors, int slot, int mode) {
     const int block_col = nb * 64;
-    if (whole) {
+    // Calls f(row, col, value) for this lane's accumulators in rows < M: the
+    // mma.m16n8k16 C fragment holds rows g and g+8, columns 2t and 2t+1.
+    auto for_each_output = [&](auto&& f) {
 #pragma unroll
       for (int mb = 0; mb < kMBlocks; ++mb)
 #pragma unroll
@@ -364,29 +366,24 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMBlocks>) w4a16_fused
           for (int e = 0; e < 4; ++e) {
             const int row = m0 + mb * 16 + g + (e >= 2 ? 8 : 0);
             const int col = block_col + warp * 16 + ns * 8 + 2 * t + (e & 1);
-            if (row < args.M && col < args.N)
-              y[static_cast<int64_t>(row) * args.ldy + col] = from_float<T>(acc[mb][ns][e]);
+            if (row < args.M) f(row, col, acc[mb][ns][e]);
           }
+    };
+    if (whole) {
+      for_each_output([&](int row, int col, float v) {
+        if (col < args.N) y[static_cast<int64_t>(row) * args.ldy + col] = from_float<T>(v);
+      });
       return;
     }
     float* partial = args.partial;
     if (mode == kReduceOrdered) partial += static_cast<int64_t>(slot) * args.M * args.N_pad;
-#pragma unroll
-    for (int mb = 0; mb < kMBlocks; ++mb)
-#pragma unroll
-      for (int ns = 0; ns < 2; ++ns)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int row = m0 + mb * 16 + g + (e >= 2 ? 8 : 0);
-          const int col = block_col + warp * 16 + ns * 8 + 2 * t + (e & 1);
-          if (row < args.M) {
-            float* p = partial + static_cast<int64_t>(row) * args.N_pad + col;
-            if (mode == kReduceOrdered)
-              __stcg(p, acc[mb][ns][e]);
-            else
-              atomicAdd(p, acc[mb][ns][e]);
-          }
-        }
+    for_each_output([&](int row, int col, float v) {
+      float* p = partial + static_cast<int64_t>(row) * args.N_pad + col;
+      if (mode == kReduceOrdered)
+        __stcg(p, v);
+      else
+        atomicAdd(p, v);
+    });
     __threadfence();  // make this thread's partials visible device-wide before the count
     __syncthreads();
     int* counter = args.counters + blockIdx.z * n_blocks + nb;
