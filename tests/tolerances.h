@@ -128,6 +128,20 @@ inline constexpr double kAttentionCosMinFp16KTq4V = 0.98;
 inline constexpr double kAttentionCosMeanTq4Outliers = 0.96;
 inline constexpr double kAttentionCosMinTq4Outliers = 0.85;
 
+// ---- decoder-layer ops (lowbit/ops) ------------------------------------------------
+// Each kernel computes in fp32 and rounds its output once to the tensor dtype,
+// so an output element is within half a unit in the last place of the fp32
+// result: 2^-11 relative for f16, 2^-8 for bf16 (both doubled for the fp32
+// steps before the rounding: rsqrtf and sincosf/expf are within 2 ulp). f32
+// outputs differ from the double-accumulating reference by a few fp32 ulp.
+inline constexpr double kOpsF32Rtol = 1e-5;
+inline constexpr double kOpsF16Rtol = 0x1p-10;
+inline constexpr double kOpsBf16Rtol = 0x1p-7;
+// Absolute floor for outputs that cancel to near zero (RoPE's x0 c - x1 s):
+// fp32 arithmetic leaves ~2^-23 of the terms' size there, and the terms are
+// at most the row's largest magnitude; 2^-20 of it leaves room for sincosf.
+inline constexpr double kOpsAbsFloorVsMax = 0x1p-20;
+
 // ---- entropy coding (lowbit/ans) ---------------------------------------------
 // Issue 5's size target: lowbit's format within 2% of the empirical entropy.
 // The 12-bit model alone costs ~0.1-0.4% on int8 Gaussian/Laplace codes (the

@@ -60,4 +60,11 @@ template <typename Value>
     if (!(cond)) ::lowbit::fail_argument(name, value, expected); \
   } while (0)
 
+// Checks a precondition; on failure throws Error(invalid_argument) whose
+// message is the parts, concatenated (built only on failure).
+#define LOWBIT_REQUIRE(cond, ...)                                                  \
+  do {                                                                             \
+    if (!(cond)) ::lowbit::fail(::lowbit::ErrorKind::invalid_argument, __VA_ARGS__); \
+  } while (0)
+
 }  // namespace lowbit

@@ -1,0 +1,54 @@
+// CUDA kernels for the element-wise and per-row operations of a decoder layer
+// (RMSNorm, fused residual add + RMSNorm, RoPE, SwiGLU, embedding lookup,
+// greedy argmax). Semantics and references: layer_ops_ref.h. All tensors are
+// device views of one dtype (f32, f16 or bf16; argmax ids and positions are
+// i32); arithmetic is fp32, each output rounded once. Asynchronous on `stream`.
+//
+// These are memory-bound and small next to the GEMMs and attention; they are
+// written for clarity and one pass over their bytes, and their value is in
+// letting the engine keep activations on the device between the big kernels.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "lowbit/core/tensor.h"
+#include "lowbit/ops/layer_ops_ref.h"
+
+namespace lowbit::ops {
+
+// x, y: [rows, dim] (rows dim apart); w: [dim]. y may be x.
+void rms_norm(const TensorView& x, const TensorView& w, float eps, const TensorView& y,
+              cudaStream_t stream = nullptr);
+
+// residual += x (stored in residual's dtype), then y = rms_norm(residual).
+// residual, x, y: [rows, dim]; w: [dim].
+void add_rms_norm(const TensorView& residual, const TensorView& x, const TensorView& w, float eps,
+                  const TensorView& y, cudaStream_t stream = nullptr);
+
+// In place on x: rank 3 [tokens, heads, head_dim], heads contiguous
+// (strides[1] == head_dim, strides[2] == 1); strides[0] may exceed
+// heads * head_dim (a slice of a fused QKV output). positions: [tokens] i32;
+// inv_freq: [head_dim / 2] f32.
+void rope(const TensorView& x, const TensorView& positions, const TensorView& inv_freq, RopeStyle style,
+          cudaStream_t stream = nullptr);
+
+// out[t, i] = silu(gate[t, i]) * up[t, i]. gate, up: rank 2 [tokens, width]
+// with unit column stride and any row stride (e.g. halves of a fused
+// gate_up output); out: contiguous [tokens, width].
+void silu_mul(const TensorView& gate, const TensorView& up, const TensorView& out,
+              cudaStream_t stream = nullptr);
+
+// out[t] = table[ids[t]]. table: [vocab, dim]; ids: [tokens] i32 on the device;
+// out: [tokens, dim]. The ids are not visible to the host here: a row whose id
+// is outside [0, vocab) is filled with NaN, so a bad id shows in every later
+// result instead of reading out of bounds.
+void embedding(const TensorView& table, const TensorView& ids, const TensorView& out,
+               cudaStream_t stream = nullptr);
+
+// out[r] = index of the largest value of row r of x [rows, width] (lowest
+// index among equals; NaN never wins; an all-NaN row gives 0).
+void argmax(const TensorView& x, const TensorView& out, cudaStream_t stream = nullptr);
+
+}  // namespace lowbit::ops
