@@ -10,8 +10,7 @@ namespace lowbit::ops {
 namespace {
 
 void check_span(size_t have, int64_t need, const char* what) {
-  LOWBIT_REQUIRE(need >= 0 && have >= static_cast<size_t>(need), what, ": ", (have), " values, need ",
-                 (need));
+  LOWBIT_REQUIRE(need >= 0 && have >= static_cast<size_t>(need), what, ": ", have, " values, need ", (need));
 }
 
 void normalize_row(const float* x, const float* w, int64_t dim, float eps, float* y) {
@@ -94,7 +93,7 @@ void embedding_ref(std::span<const float> table, int64_t vocab, int64_t dim, std
   check_span(table.size(), vocab * dim, "embedding table");
   check_span(out.size(), static_cast<int64_t>(ids.size()) * dim, "embedding out");
   for (size_t t = 0; t < ids.size(); ++t) {
-    LOWBIT_REQUIRE(ids[t] >= 0 && ids[t] < vocab, "embedding: token id ", (ids[t]), " outside [0, ", (vocab),
+    LOWBIT_REQUIRE(ids[t] >= 0 && ids[t] < vocab, "embedding: token id ", ids[t], " outside [0, ", vocab,
                    ")");
     for (int64_t i = 0; i < dim; ++i) out[static_cast<int64_t>(t) * dim + i] = table[ids[t] * dim + i];
   }
