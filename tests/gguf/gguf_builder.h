@@ -87,6 +87,7 @@ class GgufBuilder {
     uint32_t type;
     std::vector<std::byte> data;
     std::optional<uint64_t> offset;  // default: packed after the previous one, aligned
+    bool place = true;               // false: only the info is written, no data
   };
   void tensor(std::string name, std::vector<uint64_t> shape, uint32_t type, std::vector<std::byte> data,
               std::optional<uint64_t> offset = std::nullopt) {
@@ -105,7 +106,7 @@ class GgufBuilder {
     for (const auto& t : tensors) {
       const uint64_t off = t.offset.value_or((next + alignment - 1) / alignment * alignment);
       offsets.push_back(off);
-      next = std::max(next, off + t.data.size());
+      if (t.place) next = std::max(next, off + t.data.size());
       b.put_string(t.name);
       b.put<uint32_t>(static_cast<uint32_t>(t.shape.size()));
       for (uint64_t d : t.shape) b.put<uint64_t>(d);
@@ -116,7 +117,7 @@ class GgufBuilder {
     const size_t data_start = b.data.size();
     b.data.resize(data_start + next, std::byte{0});
     for (size_t i = 0; i < tensors.size(); ++i)
-      if (!tensors[i].data.empty())
+      if (tensors[i].place && !tensors[i].data.empty())
         std::memcpy(b.data.data() + data_start + offsets[i], tensors[i].data.data(), tensors[i].data.size());
     return b.data;
   }
