@@ -321,13 +321,13 @@ GgufFile GgufFile::parse(GgufFile f) {
   // each tensor info at least 32: counts beyond that are corrupt, and are
   // rejected before anything is allocated for them.
   if (kv_count > r.remaining() / 13)
-    fail(ErrorKind::format, where, ": metadata count ", kv_count,
-         " is absurd for a file with ", r.remaining(), " bytes after the header (at most ",
-         r.remaining() / 13, " entries fit)");
+    fail(ErrorKind::format, where, ": metadata count ", kv_count, " is absurd: at most ",
+         r.remaining() / 13, " entries fit in the ", r.remaining(),
+         " bytes after the header (the file is truncated or corrupt)");
   if (tensor_count > r.remaining() / 32)
-    fail(ErrorKind::format, where, ": tensor count ", tensor_count,
-         " is absurd for a file with ", r.remaining(), " bytes after the header (at most ",
-         r.remaining() / 32, " tensors fit)");
+    fail(ErrorKind::format, where, ": tensor count ", tensor_count, " is absurd: at most ",
+         r.remaining() / 32, " tensor infos fit in the ", r.remaining(),
+         " bytes after the header (the file is truncated or corrupt)");
 
   // -- metadata
   f.keys_.reserve(static_cast<size_t>(kv_count));
