@@ -5,6 +5,7 @@
 #include <fstream>
 #include <random>
 
+#include "cli_runner.h"
 #include "error_matchers.h"
 #include "gguf/gguf_builder.h"
 #include "lowbit/core/half.h"
@@ -479,6 +480,40 @@ TEST(GgufDefaultModel, Q4_1LayersMapExactlyAndEmbeddingRowsDecode) {
   for (float x : row) norm += double(x) * x;
   EXPECT_GT(norm, 0.0);
   EXPECT_TRUE(std::isfinite(norm));
+}
+
+}  // namespace
+}  // namespace lowbit::gguf
+
+// ---- `lowbit inspect` on a GGUF file ----------------------------------------------------
+
+namespace lowbit::gguf {
+namespace {
+
+TEST(GgufInspect, DescribesArchitectureMetadataAndTensors) {
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("lowbit_gguf_inspect_" + std::to_string(::getpid()) + ".gguf");
+  {
+    const auto bytes = small_file().build();
+    std::ofstream out(path, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  }
+  const auto r = lowbit::test::run_lowbit("inspect " + path.string());
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  for (const char* needle : {"GGUF v3, 2 tensors", "1 x F32, 1 x Q4_1", "architecture: llama",
+                             "llama.block_count = 2", "q.weight", "[64, 3]"})
+    EXPECT_NE(r.output.find(needle), std::string::npos) << needle << " not in:\n" << r.output;
+  // A corrupt file: exit code 1 and the reader's message.
+  {
+    auto bytes = small_file().build();
+    bytes.resize(bytes.size() - 7);
+    std::ofstream out(path, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  }
+  const auto bad = lowbit::test::run_lowbit("inspect " + path.string());
+  EXPECT_EQ(bad.exit_code, 1) << bad.output;
+  EXPECT_NE(bad.output.find("beyond the data section"), std::string::npos) << bad.output;
+  std::filesystem::remove(path);
 }
 
 }  // namespace
