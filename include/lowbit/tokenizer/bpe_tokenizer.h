@@ -58,6 +58,7 @@ enum class TokenType : int32_t {
   byte = 6,
 };
 
+// Immutable once built: every const method may be called from several threads.
 class BpeTokenizer {
  public:
   // From a Hugging Face tokenizer.json. The chat template is read from a
