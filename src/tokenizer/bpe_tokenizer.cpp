@@ -207,6 +207,10 @@ struct BpeTokenizer::Impl {
   std::vector<int32_t> end_ids;
   bool add_prefix_space = false;
   bool nfc = false;  // the tokenizer.json asks for NFC normalization (see nfc_stable)
+  // Llama 3: a piece that is itself in the vocabulary becomes that token
+  // without merging (Hugging Face "ignore_merges", llama.cpp does the same
+  // for its llama3 pre-tokenizer). Merging can end elsewhere for some pieces.
+  bool ignore_merges = false;
   std::unique_ptr<Regex> digits;  // when the pre-tokenizer isolates digits first
   std::unique_ptr<Regex> split;
 
@@ -292,6 +296,15 @@ struct BpeTokenizer::Impl {
   // runs of spaces; stale entries are recognized by their ids and skipped.
   void bpe(std::string_view piece, std::vector<int32_t>& out) const {
     if (piece.empty()) return;
+    if (ignore_merges) {
+      std::string mapped;
+      for (char c : piece) mapped += byte_table().byte_to_utf8[static_cast<unsigned char>(c)];
+      const auto it = ids.find(mapped);
+      if (it != ids.end()) {
+        out.push_back(it->second);
+        return;
+      }
+    }
     struct Sym {
       int32_t id;
       int32_t prev;
@@ -392,13 +405,15 @@ std::pair<std::string, std::string> split_merge(const std::string& m, const std:
   return {m.substr(0, sp), m.substr(sp + 1)};
 }
 
-PreTokenizer gguf_pre_tokenizer(const std::string& pre, std::string& pattern, const std::string& source) {
+PreTokenizer gguf_pre_tokenizer(const std::string& pre, std::string& pattern, bool& ignore_merges,
+                                const std::string& source) {
   if (pre.empty() || pre == "default" || pre == "gpt2" || pre == "gpt-2") return PreTokenizer::gpt2;
   // llama.cpp's names: these vocabularies isolate each digit, then split as GPT-2.
   if (pre == "smollm" || pre == "starcoder" || pre == "refact" || pre == "codeshell")
     return PreTokenizer::digits_then_gpt2;
   if (pre == "llama3" || pre == "llama-bpe" || pre == "llama-v3" || pre == "smaug-bpe") {
     pattern = kLlama3Pattern;
+    ignore_merges = true;
     return PreTokenizer::custom;
   }
   if (pre == "qwen2") {
@@ -457,7 +472,8 @@ BpeTokenizer BpeTokenizer::from_gguf(const gguf::GgufFile& file) {
   impl->chat_template = file.get_string_or("tokenizer.chat_template", "");
   std::string pattern;
   const PreTokenizer kind =
-      gguf_pre_tokenizer(file.get_string_or("tokenizer.ggml.pre", ""), pattern, impl->source);
+      gguf_pre_tokenizer(file.get_string_or("tokenizer.ggml.pre", ""), pattern, impl->ignore_merges,
+                         impl->source);
   impl->set_pre_tokenizer(kind, pattern);
   impl->finish(merges);
   return BpeTokenizer(std::move(impl));
@@ -572,6 +588,7 @@ BpeTokenizer BpeTokenizer::from_tokenizer_json(const std::filesystem::path& path
         impl->tokens[i] = a.at("content").get<std::string>();
         impl->types[i] = a.value("special", false) ? TokenType::control : TokenType::user_defined;
       }
+    impl->ignore_merges = model.value("ignore_merges", false);
     std::vector<std::pair<std::string, std::string>> merges;
     if (model.contains("merges")) {
       size_t r = 0;

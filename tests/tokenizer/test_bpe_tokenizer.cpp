@@ -93,6 +93,18 @@ TEST(BpeTiny, MergesApplyByRankLeftmostFirst) {
   EXPECT_EQ(pieces(t, t.encode("ab ab")), (std::vector<std::string>{"ab", "\xC4\xA0", "ab"}));
 }
 
+// "abc" is in the vocabulary, but merging stops at "ab" + "c" ("a bc" never
+// fires because "a b" outranks "b c"). Llama 3 vocabularies ignore merges for
+// a piece that is a token; GPT-2 style ones do not.
+TEST(BpeTiny, IgnoreMergesForLlama3) {
+  const std::vector<std::string> merges = {"a b", "b c", "a bc"};
+  const BpeTokenizer gpt2 = from(tiny_vocab(merges, "gpt2"));
+  const BpeTokenizer llama3 = from(tiny_vocab(merges, "llama-bpe"));
+  EXPECT_EQ(pieces(gpt2, gpt2.encode("abc")), (std::vector<std::string>{"ab", "c"}));
+  EXPECT_EQ(pieces(llama3, llama3.encode("abc")), (std::vector<std::string>{"abc"}));
+  EXPECT_EQ(pieces(llama3, llama3.encode("abcb")), (std::vector<std::string>{"ab", "c", "b"}));
+}
+
 TEST(BpeTiny, SpecialTokensBosAndDecode) {
   const BpeTokenizer t = from(tiny_vocab({"a b"}));
   EXPECT_EQ(t.vocab_size(), 2 + 256 + 1);
