@@ -150,6 +150,36 @@ TEST(BpeTiny, BadVocabulariesAreClearErrors) {
                {"tokenizer.ggml.pre = 'falcon'"});
 }
 
+TEST(BpeTokenizerJson, MalformedFilesAreClearErrors) {
+  const auto dir = std::filesystem::temp_directory_path() / ("lowbit_tokjson_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto path = dir / "tokenizer.json";
+  auto load = [&](const std::string& text) {
+    std::ofstream(path) << text;
+    return BpeTokenizer::from_tokenizer_json(path);
+  };
+  const std::string byte_level = R"("pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false})";
+  expect_error([&] { (void)load("{not json"); }, ErrorKind::format, {"not valid JSON"});
+  expect_error([&] { (void)load("{}"); }, ErrorKind::format, {"unexpected structure"});
+  expect_error([&] { (void)load(R"({"model": {"type": "WordPiece", "vocab": {}}})"); }, ErrorKind::unsupported,
+               {"model.type = 'WordPiece'"});
+  expect_error([&] { (void)load(R"({"model": {"type": "BPE", "vocab": {"a": -3}}, )" + byte_level + "}"); },
+               ErrorKind::format, {"token 'a' has id -3"});
+  expect_error([&] { (void)load(R"({"model": {"type": "BPE", "vocab": {"a": 2000000000}}, )" + byte_level + "}"); },
+               ErrorKind::format, {"ids reach 2000000000"});
+  expect_error([&] { (void)load(R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": ["a c"]}, )" +
+                                byte_level + "}"); },
+               ErrorKind::format, {"merge 0", "not in the vocabulary"});
+  expect_error([&] { (void)load(R"({"model": {"type": "BPE", "vocab": {"a": 0}}, "pre_tokenizer": {"type": "Whitespace"}})"); },
+               ErrorKind::unsupported, {"pre_tokenizer"});
+  expect_error([&] { (void)load(R"({"normalizer": {"type": "NFKC"}, "model": {"type": "BPE", "vocab": {"a": 0}}, )" +
+                                byte_level + "}"); },
+               ErrorKind::unsupported, {"normalizer"});
+  expect_error([] { (void)BpeTokenizer::from_tokenizer_json("/nonexistent/tokenizer.json"); }, ErrorKind::io,
+               {"cannot open"});
+  std::filesystem::remove_all(dir);
+}
+
 TEST(BpeTiny, ChatTemplates) {
   const std::string smol =
       "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
