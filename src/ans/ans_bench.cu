@@ -244,7 +244,7 @@ TargetResult targets_for(Context& c, int64_t n) {
     int64_t R;
     int k;
   };
-  std::vector<Config> configs = {{1, 1}, {2, 1}, {4, 1}, {1, 2}, {2, 2}, {1, 4}};
+  std::vector<Config> configs = {{1, 1}, {2, 1}, {1, 2}, {2, 2}, {1, 4}};
   double best_us = 1e30;
   Config best{1, 1};
   for (const Config& cf : configs) {

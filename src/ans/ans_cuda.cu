@@ -225,8 +225,15 @@ struct FusedTables {
   int w_min;
 };
 
+__device__ inline uint32_t ld_shared_u16(uint32_t addr) {
+  unsigned short w;
+  asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(w) : "r"(addr));
+  return w;
+}
+
 struct WarpStream {
   uint16_t* ring;
+  uint32_t ring_addr;  // the ring as a shared-space address: one add per word read
   const uint8_t* words;
   uint64_t n_bytes;
   uint32_t base;      // words consumed so far in the tile
@@ -240,6 +247,15 @@ __device__ __forceinline__ int32_t fused_block(uint32_t (&x)[kSlots], const Fuse
                                                uint32_t lane, int32_t acc) {
   constexpr uint32_t S = 32 * kSlots;
   const uint32_t lt = (1u << lane) - 1;
+  // The activations first: loaded at the end, next to the dp4a, their
+  // latency stalled the warp once per block (in-order issue).
+  const int32_t* v32 = reinterpret_cast<const int32_t*>(v);
+  int32_t va[kSlots];
+#pragma unroll
+  for (int m = 0; m < kSlots; ++m) {
+    const uint32_t quad = block * S + 32 * m + lane;
+    va[m] = (kFull || quad < quads) ? __ldg(v32 + quad) : 0;
+  }
   uint32_t pk[kSlots];
 #pragma unroll
   for (int m = 0; m < kSlots; ++m) pk[m] = 0;
@@ -266,7 +282,7 @@ __device__ __forceinline__ int32_t fused_block(uint32_t (&x)[kSlots], const Fuse
         need = s < kLower;
       }
       const uint32_t bal = __ballot_sync(0xffffffffu, need);
-      if (need) s = (s << 16) | ws.ring[(ws.base + __popc(bal & lt)) % kRingWords];
+      if (need) s = (s << 16) | ld_shared_u16(ws.ring_addr + 2 * ((ws.base + __popc(bal & lt)) % kRingWords));
       x[m] = s;
       ws.base += __popc(bal);
       if ((p * kSlots + m) % 2 == 1 && ws.base >= ws.boundary) {  // warp-uniform
@@ -278,17 +294,16 @@ __device__ __forceinline__ int32_t fused_block(uint32_t (&x)[kSlots], const Fuse
       }
     }
   }
-  const int32_t* v32 = reinterpret_cast<const int32_t*>(v);
 #pragma unroll
-  for (int m = 0; m < kSlots; ++m) {
-    const uint32_t quad = block * S + 32 * m + lane;
-    if (kFull || quad < quads) acc = __dp4a(static_cast<int32_t>(pk[m]), __ldg(v32 + quad), acc);
-  }
+  for (int m = 0; m < kSlots; ++m) acc = __dp4a(static_cast<int32_t>(pk[m]), va[m], acc);
   return acc;
 }
 
+// Occupancy matters twice: warps hide the decode's dependency chain, and a
+// 8192-row matrix with one row per tile has 8192 warps, which fit an H100 in
+// one wave only at 64 warps per SM (32 registers for one state per lane).
 template <int kSlots, bool kPacked>
-__global__ void __launch_bounds__(kFusedThreads)
+__global__ void __launch_bounds__(kFusedThreads, kSlots == 1 ? 8 : 4)
     lowbit_fused_kernel(const uint8_t* __restrict__ blob, MatrixParams p, const int8_t* __restrict__ v,
                         int32_t* __restrict__ y, uint32_t* __restrict__ err) {
   extern __shared__ __align__(16) uint8_t sm[];
@@ -328,6 +343,7 @@ __global__ void __launch_bounds__(kFusedThreads)
     }
     WarpStream ws;
     ws.ring = ring;
+    ws.ring_addr = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
     ws.words = payload + tb0 + 4 * S;
     ws.n_bytes = tb1 - tb0 - 4 * S;
     ws.base = 0;
@@ -353,6 +369,8 @@ __global__ void __launch_bounds__(kFusedThreads)
     bad = bad || 2 * uint64_t{ws.base} > ws.n_bytes || ws.n_bytes - 2 * uint64_t{ws.base} >= 16;
     cp_async_wait<0>();
     __syncwarp();
+    // The < 16 bytes after the last word are zero padding (in the ring by now).
+    if (!bad && 2 * (ws.base + lane) < ws.n_bytes) bad = ws.ring[(ws.base + lane) % kRingWords] != 0;
   }
   if (bad) atomicOr(err, 1u);
 }
