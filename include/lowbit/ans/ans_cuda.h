@@ -54,7 +54,7 @@ struct AnsBenchOptions {
   int64_t layers = 20;              // K, as the seed's Figure 2
   std::vector<int64_t> target_sizes = {4096, 8192};
   int reps = 30;                    // timed calls of a resident chain / single product (median)
-  int copy_reps = 5;                // timed calls of a chain with copies (median)
+  int copy_reps = 10;               // timed calls of a chain with copies (median)
   bool figure2 = true;
   bool targets = true;
   uint64_t seed = 20250310;
