@@ -186,18 +186,25 @@ __global__ void __launch_bounds__(kGemvThreads)
 //     block would cost more than decoding a small tile;
 //   * full blocks run without per-column bounds checks (kFull), the last
 //     partial block with them;
-//   * the chunk-boundary test runs every second step: two steps read at most
-//     64 words, so the refill never has to advance by more than one chunk.
+//   * the word reads are cheap to address: each warp's ring is 1024 bytes at a
+//     1024-aligned shared address, and the warp keeps its position as a byte
+//     count, so a lane's word address is one LEA (position + 2 * its prefix
+//     popcount) and one LOP3 ((t & 0x3fe) | ring): the step is issue-bound
+//     (docs/ans-kernels.md), so instructions are what costs;
+//   * the chunk-boundary test runs every fourth step with the data two chunks
+//     ahead guaranteed (four steps read at most 128 words), and a refill issues
+//     from per-lane offsets prepared once per tile.
 constexpr int kFusedThreads = 256;
 constexpr int kFusedWarps = kFusedThreads / 32;
 constexpr int kChunkWords = 64;                 // 128 bytes = 8 lanes x 16 bytes of cp.async
 constexpr int kRingChunks = 8;
 constexpr int kRingWords = kChunkWords * kRingChunks;
 constexpr int kAhead = 4;                       // chunks issued ahead of the one being read
+constexpr uint32_t kRingBytes = 2 * kRingWords;  // 1024: a power of two, and the alignment of each ring
+static_assert(kRingBytes == 1024, "the ring addressing masks with 0x3fe");
 
-__device__ inline void cp_async16(void* smem, const void* gmem, uint32_t src_bytes) {
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes));
+__device__ inline void cp_async16(uint32_t smem_addr, const void* gmem, uint32_t src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr), "l"(gmem), "r"(src_bytes));
 }
 __device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
@@ -205,16 +212,6 @@ __device__ inline void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-// Issues chunk `c` of the tile's words into the ring (lanes 0..7, 16 bytes
-// each); 16-byte pieces past the tile are zero-filled, never read from memory.
-__device__ inline void issue_chunk(uint16_t* ring, const uint8_t* words, uint64_t n_bytes, uint32_t c, uint32_t lane) {
-  if (lane < 8) {
-    const uint64_t off = uint64_t{c} * (2 * kChunkWords) + 16 * lane;
-    const bool in = off < n_bytes;
-    cp_async16(ring + (c % kRingChunks) * kChunkWords + 8 * lane, in ? words + off : words, in ? 16u : 0u);
-  }
-  cp_async_commit();
-}
 
 struct FusedTables {
   const uint32_t* lut32;  // packed
@@ -232,14 +229,27 @@ __device__ inline uint32_t ld_shared_u16(uint32_t addr) {
 }
 
 struct WarpStream {
-  uint16_t* ring;
-  uint32_t ring_addr;  // the ring as a shared-space address: one add per word read
-  const uint8_t* words;
-  uint64_t n_bytes;
-  uint32_t base;      // words consumed so far in the tile
-  uint32_t boundary;  // first word of the next chunk
-  uint32_t chunk;     // chunk being read
+  uint32_t ring;       // the warp's ring: a 1024-aligned shared-space address
+  const uint8_t* src;  // this lane's 16 bytes of chunk 0 (lanes 0..7)
+  uint32_t dst;        // ring + 16 * lane
+  uint32_t off;        // 16 * lane: this lane's byte offset within a chunk
+  uint32_t n_bytes;    // bytes of the tile's word stream (< 2^31, checked on the host)
+  uint32_t pos;        // bytes consumed so far: 2 x words
+  uint32_t boundary;   // byte position of the next chunk
+  uint32_t chunk;      // chunk being read
+  bool overrun;        // read far past the tile (corrupt): keeps the u32 positions from wrapping
 };
+
+// Issues chunk `c` of the tile's words into the ring (lanes 0..7, 16 bytes
+// each); 16-byte pieces past the tile are zero-filled, never read from memory.
+__device__ inline void issue_chunk(const WarpStream& ws, uint32_t c, uint32_t lane) {
+  if (lane < 8) {
+    const uint32_t o = c * kChunkWords * 2;
+    const bool in = o + ws.off < ws.n_bytes;
+    cp_async16(ws.dst | ((c % kRingChunks) * kChunkWords * 2), in ? ws.src + o : ws.src, in ? 16u : 0u);
+  }
+  cp_async_commit();
+}
 
 template <int kSlots, bool kPacked, bool kFull>
 __device__ __forceinline__ int32_t fused_block(uint32_t (&x)[kSlots], const FusedTables& tb, WarpStream& ws,
@@ -282,14 +292,17 @@ __device__ __forceinline__ int32_t fused_block(uint32_t (&x)[kSlots], const Fuse
         need = s < kLower;
       }
       const uint32_t bal = __ballot_sync(0xffffffffu, need);
-      if (need) s = (s << 16) | ld_shared_u16(ws.ring_addr + 2 * ((ws.base + __popc(bal & lt)) % kRingWords));
+      if (need) s = (s << 16) | ld_shared_u16(((ws.pos + 2 * __popc(bal & lt)) & (kRingBytes - 2)) | ws.ring);
       x[m] = s;
-      ws.base += __popc(bal);
-      if ((p * kSlots + m) % 2 == 1 && ws.base >= ws.boundary) {  // warp-uniform
-        ++ws.chunk;
-        ws.boundary += kChunkWords;
-        issue_chunk(ws.ring, ws.words, ws.n_bytes, ws.chunk + kAhead, lane);
-        cp_async_wait<kAhead - 1>();
+      ws.pos += 2 * __popc(bal);
+      if ((p * kSlots + m) % 4 == 3 && ws.pos >= ws.boundary) {  // warp-uniform
+        ws.overrun = ws.overrun || ws.pos > ws.n_bytes + 1024;
+        do {  // four steps read at most 128 words: at most two chunks to pass
+          ++ws.chunk;
+          ws.boundary += 2 * kChunkWords;
+          issue_chunk(ws, ws.chunk + kAhead, lane);
+        } while (ws.pos >= ws.boundary);
+        cp_async_wait<kAhead - 2>();  // chunks up to chunk + 2 have landed
         __syncwarp();
       }
     }
@@ -313,7 +326,10 @@ __global__ void __launch_bounds__(kFusedThreads, kSlots == 1 ? 8 : 4)
     for (uint32_t i = threadIdx.x; i < p.lut_bytes / 16; i += blockDim.x) dst[i] = src[i];
   }
   const uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  uint16_t* ring = reinterpret_cast<uint16_t*>(sm + p.lut_bytes) + warp * kRingWords;
+  // The rings start at the first 1024-aligned shared address after the table
+  // (the host adds 1024 bytes of slack for this).
+  const uint32_t sm_addr = static_cast<uint32_t>(__cvta_generic_to_shared(sm));
+  const uint32_t ring = ((sm_addr + p.lut_bytes + kRingBytes - 1) & ~(kRingBytes - 1)) + warp * kRingBytes;
   __syncthreads();
   FusedTables tb;
   tb.lut32 = reinterpret_cast<const uint32_t*>(sm);
@@ -343,14 +359,16 @@ __global__ void __launch_bounds__(kFusedThreads, kSlots == 1 ? 8 : 4)
     }
     WarpStream ws;
     ws.ring = ring;
-    ws.ring_addr = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
-    ws.words = payload + tb0 + 4 * S;
-    ws.n_bytes = tb1 - tb0 - 4 * S;
-    ws.base = 0;
+    ws.off = 16 * lane;
+    ws.src = payload + tb0 + 4 * S + ws.off;
+    ws.dst = ring + ws.off;
+    ws.n_bytes = static_cast<uint32_t>(tb1 - tb0 - 4 * S);
+    ws.pos = 0;
     ws.chunk = 0;
-    ws.boundary = kChunkWords;
-    for (uint32_t c = 0; c <= kAhead; ++c) issue_chunk(ring, ws.words, ws.n_bytes, c, lane);
-    cp_async_wait<kAhead - 1>();
+    ws.boundary = 2 * kChunkWords;
+    ws.overrun = false;
+    for (uint32_t c = 0; c <= kAhead; ++c) issue_chunk(ws, c, lane);
+    cp_async_wait<kAhead - 2>();
     __syncwarp();
     const uint32_t r_end = min(p.rows, (t + 1) * p.rows_per_tile);
     for (uint32_t r = t * p.rows_per_tile; r < r_end; ++r) {
@@ -366,11 +384,12 @@ __global__ void __launch_bounds__(kFusedThreads, kSlots == 1 ? 8 : 4)
     // Every stream ends at 2^16 and the words end within the tile's last 16 bytes.
 #pragma unroll
     for (int m = 0; m < kSlots; ++m) bad = bad || x[m] != kLower;
-    bad = bad || 2 * uint64_t{ws.base} > ws.n_bytes || ws.n_bytes - 2 * uint64_t{ws.base} >= 16;
+    bad = bad || ws.overrun || ws.pos > ws.n_bytes || ws.n_bytes - ws.pos >= 16;
     cp_async_wait<0>();
     __syncwarp();
     // The < 16 bytes after the last word are zero padding (in the ring by now).
-    if (!bad && 2 * (ws.base + lane) < ws.n_bytes) bad = ws.ring[(ws.base + lane) % kRingWords] != 0;
+    if (!bad && ws.pos + 2 * lane < ws.n_bytes)
+      bad = ld_shared_u16(((ws.pos + 2 * lane) & (kRingBytes - 2)) | ws.ring) != 0;
   }
   if (bad) atomicOr(err, 1u);
 }
@@ -378,7 +397,7 @@ __global__ void __launch_bounds__(kFusedThreads, kSlots == 1 ? 8 : 4)
 template <int kSlots, bool kPacked>
 void launch_fused_t(const uint8_t* blob, const MatrixParams& p, const int8_t* v, int32_t* y, uint32_t* err,
                     int sm_count, cudaStream_t stream) {
-  const size_t smem = p.lut_bytes + sizeof(uint16_t) * kRingWords * kFusedWarps;
+  const size_t smem = p.lut_bytes + kRingBytes /* alignment slack */ + size_t{kRingBytes} * kFusedWarps;
   auto kernel = lowbit_fused_kernel<kSlots, kPacked>;
   static thread_local int configured_smem = -1;
   static thread_local int blocks_per_sm = 0;
