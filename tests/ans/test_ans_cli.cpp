@@ -6,6 +6,7 @@
 #include <cctype>
 
 #include "ans_test_util.h"
+#include "lowbit/cuda/device.h"
 
 namespace {
 
@@ -116,15 +117,29 @@ TEST(AnsCli, ScalesNeedAContainerThatKeepsThem) {
   EXPECT_TRUE(contains(inspect.output, "quantization scales")) << inspect.output;
 }
 
-TEST(AnsCli, CudaIsNotBuiltYetAndSaysSo) {
+TEST(AnsCli, CudaRunMatchesTheCpuOrSaysWhyNot) {
   LOWBIT_REQUIRE_CLI();
   TempDir tmp;
   const std::string f = (tmp / "c.bin").string();
-  ASSERT_EQ(run_cli("ans make-synthetic --layers 1 --dim 16 --out " + f).exit_code, 0);
+  ASSERT_EQ(run_cli("ans make-synthetic --layers 2 --dim 48 --out " + f).exit_code, 0);
+  const auto cpu = run_cli("ans run " + f);
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.output;
   const auto r = run_cli("ans run " + f + " --device cuda");
-  EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_TRUE(contains(r.output, "unsupported")) << r.output;
-  EXPECT_TRUE(contains(r.output, "not built yet")) << r.output;
+  const auto a = run_cli("ans run " + f + " --device auto");
+  EXPECT_EQ(a.exit_code, 0) << a.output;
+  EXPECT_EQ(printed_hash(a.output), printed_hash(cpu.output)) << a.output;
+  if (::lowbit::cuda_device_count() == 0) {  // no GPU here (or no CUDA in this build): a clear refusal
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_TRUE(contains(r.output, "unsupported")) << r.output;
+    EXPECT_TRUE(contains(r.output, "--device cpu")) << r.output;
+  } else {
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(printed_hash(r.output), printed_hash(cpu.output)) << r.output;
+    EXPECT_TRUE(contains(r.output, "device cuda")) << r.output;
+    const auto c = run_cli("ans run " + f + " --device cuda --with-copies --repeat 2");
+    EXPECT_EQ(c.exit_code, 0) << c.output;
+    EXPECT_EQ(printed_hash(c.output), printed_hash(cpu.output)) << c.output;
+  }
   EXPECT_EQ(run_cli("ans run " + f + " --device tpu").exit_code, 2);
 }
 

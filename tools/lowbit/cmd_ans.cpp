@@ -3,7 +3,7 @@
 //   lowbit ans make-synthetic --layers K --dim N --out FILE [--format F] [--seed S] ...
 //   lowbit ans inspect FILE [--json]
 //   lowbit ans convert IN OUT --format F ...
-//   lowbit ans run FILE [--device cpu|cuda] [--repeat N] [--json]
+//   lowbit ans run FILE [--device cpu|cuda|auto] [--with-copies] [--repeat N] [--json]
 //
 // The containers (docs/ans-formats.md): seed, seed-nohash, baseline,
 // baseline-rowmajor, lowbit. Input files are detected; only the element order
@@ -19,10 +19,12 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "lowbit/ans/ans_cuda.h"
 #include "lowbit/ans/ans_file.h"
 #include "lowbit/ans/synthetic.h"
 #include "lowbit/core/error.h"
 #include "lowbit/core/parallel.h"
+#include "lowbit/cuda/device.h"
 
 namespace lowbit::cli {
 namespace {
@@ -324,28 +326,41 @@ void add_run(CLI::App* ans) {
       "run",
       "Run the seed's experiment on a file: v_{k+1} = round_half_even(127 * W_k v_k / max|W_k v_k|) from v_0,\n"
       "decoding compressed matrices on the fly. Prints the final vector's hash (checked against the\n"
-      "file's result_hash when it has one: a mismatch is an error) and the timings.");
+      "file's result_hash when it has one: a mismatch is an error) and the timings. On the GPU each\n"
+      "container has its kernel: seed -> the seed-faithful MATVANS kernel (thread per row), lowbit ->\n"
+      "the fused warp-per-tile decode + GEMV, baseline -> lowbit's int8 GEMV; the whole chain runs on\n"
+      "the GPU (requantization included) and the timings come from CUDA events.");
   static std::string path;
   static std::string device = "cpu";
   static int repeat = 1;
   static bool json = false;
+  static bool with_copies = false;
   static ReadFlags read;
   cmd->add_option("FILE", path, "A seed, baseline or lowbit ANS file")->required()->check(CLI::ExistingFile);
-  cmd->add_option("--device", device, "cpu (the reference), or cuda (not built yet)")
-      ->check(CLI::IsMember({"cpu", "cuda"}))
+  cmd->add_option("--device", device, "cpu (the reference), cuda, or auto (cuda when a GPU is visible)")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
       ->capture_default_str();
   cmd->add_option("--repeat", repeat, "Run the chain this many times; timings report the fastest and the median")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
+  cmd->add_flag("--with-copies", with_copies,
+                "cuda: copy each matrix's bytes (compressed bytes for seed and lowbit files) from pinned host\n"
+                "memory during the chain instead of keeping the chain resident on the GPU");
   cmd->add_flag("--json", json, "Print JSON instead of text");
   read.add(cmd);
   cmd->callback([] {
-    if (device == "cuda")
-      fail(ErrorKind::unsupported, "--device cuda: the CUDA ANS kernels (seed-faithful and fused) are not built yet; "
-                                   "use --device cpu");
+    const bool cuda = device == "cuda" || (device == "auto" && cuda_device_count() > 0);
     const AnsFile file = read_ans_file(path, read.options());
     std::vector<ChainRun> runs;
-    for (int i = 0; i < repeat; ++i) runs.push_back(run_chain_cpu(file, path));
+    for (int i = 0; i < repeat; ++i) {
+      if (cuda) {
+        CudaRunOptions o;
+        o.with_copies = with_copies;
+        runs.push_back(run_chain_cuda(file, path, o));
+      } else {
+        runs.push_back(run_chain_cpu(file, path));
+      }
+    }
     const ChainRun& first = runs.front();
     for (const ChainRun& r : runs)
       if (r.hash != first.hash) fail(ErrorKind::internal, "the chain gave different hashes on repeated runs");
@@ -353,11 +368,17 @@ void add_run(CLI::App* ans) {
     for (const ChainRun& r : runs) totals.push_back(r.total_seconds);
     std::sort(totals.begin(), totals.end());
     const double best = totals.front(), median = totals[totals.size() / 2];
-    const double gws = static_cast<double>(first.weights) / best / 1e9;
+    const double gws = best > 0 ? static_cast<double>(first.weights) / best / 1e9 : 0.0;
+    std::string device_text = "cpu (" + std::to_string(num_threads()) + " threads)";
+    if (cuda) {
+      const CudaDeviceInfo info = cuda_device_info(0);
+      device_text = "cuda (" + info.name + (with_copies ? ", weights copied from pinned host memory" : ", resident") + ")";
+    }
     if (json) {
       nlohmann::json out = {{"path", path},
                             {"container", container_name(container_of(file))},
-                            {"device", "cpu"},
+                            {"device", cuda ? "cuda" : "cpu"},
+                            {"with_copies", cuda && with_copies},
                             {"threads", num_threads()},
                             {"matrices", first.matrix_seconds.size()},
                             {"weights", first.weights},
@@ -365,12 +386,13 @@ void add_run(CLI::App* ans) {
                             {"best_seconds", best},
                             {"median_seconds", median},
                             {"giga_weights_per_second", gws},
+                            {"requantize_seconds", first.requantize_seconds},
                             {"matrix_seconds", first.matrix_seconds}};
       if (first.recorded_hash) out["recorded_hash"] = *first.recorded_hash;
       std::cout << out.dump(2) << "\n";
     } else {
       std::cout << path << ": " << container_name(container_of(file)) << ", K = " << first.matrix_seconds.size()
-                << ", " << first.weights << " weights, device cpu (" << num_threads() << " threads)\n"
+                << ", " << first.weights << " weights, device " << device_text << "\n"
                 << "final vector hash: " << first.hash;
       if (first.recorded_hash)
         std::cout << (*first.recorded_hash == first.hash ? " (matches the file's result_hash)"

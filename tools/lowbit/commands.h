@@ -14,5 +14,7 @@ void add_dequantize_command(CLI::App& app);
 void add_kv_command(CLI::App& app);
 void add_ans_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
+// `lowbit bench ans` (cmd_bench_ans.cpp), added by add_bench_command.
+void add_bench_ans_command(CLI::App& bench);
 
 }  // namespace lowbit::cli
