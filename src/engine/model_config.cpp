@@ -90,6 +90,8 @@ ModelConfig config_from_hf(const io::HfConfig& hf) {
          "): the engine runs the Llama family and Qwen3");
   }
   const nlohmann::json& raw = hf.raw;
+  if (const auto mb = raw.find("mlp_bias"); mb != raw.end() && mb->is_boolean() && mb->get<bool>())
+    fail(ErrorKind::unsupported, "config.json: mlp_bias = true: MLP biases are not supported");
   if (c.arch == Architecture::llama) {
     if (const auto sw = raw.find("sliding_window"); sw != raw.end() && !sw->is_null())
       fail(ErrorKind::unsupported, "config.json: sliding_window = ", sw->dump(),
@@ -171,6 +173,12 @@ std::vector<float> rope_inv_freq(const ModelConfig& config) {
                             (s.high_freq_factor - s.low_freq_factor);
       f = static_cast<float>((1.0 - smooth) * f / s.factor + smooth * f);
     }
+  }
+  if (!config.rope_freq_factors.empty()) {
+    if (config.rope_freq_factors.size() != inv.size())
+      fail(ErrorKind::format, "rope frequency factors: ", config.rope_freq_factors.size(), " values, expected head_dim / 2 = ",
+           inv.size());
+    for (size_t i = 0; i < inv.size(); ++i) inv[i] /= config.rope_freq_factors[i];
   }
   return inv;
 }

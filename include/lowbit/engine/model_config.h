@@ -59,6 +59,9 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   RopeStyle rope_style = RopeStyle::half;
   RopeScaling rope_scaling;
+  // Per-frequency divisors of the inverse frequencies (GGUF's rope_freqs
+  // tensor, how llama.cpp stores Llama 3.1 scaling); empty: none.
+  std::vector<float> rope_freq_factors;
   bool tied_embeddings = false;
   bool qk_norm = false;         // Qwen3: per-head RMSNorm of q and k before RoPE
   bool attention_bias = false;  // q/k/v projections carry a bias
