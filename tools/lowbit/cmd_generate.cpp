@@ -111,7 +111,7 @@ void run_generate(const Options& o) {
   LoadOptions load;
   load.weights = *mode;
   std::unique_ptr<Progress> progress;
-  load.progress = [&](int64_t done, int64_t total, const std::string& item) {
+  load.progress = [&](int64_t, int64_t total, const std::string& item) {
     if (o.quiet) return;
     if (!progress) progress = std::make_unique<Progress>("loading " + model_path.filename().string(), total);
     progress->advance(item);
