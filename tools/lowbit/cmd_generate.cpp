@@ -151,7 +151,8 @@ void run_generate(const Options& o) {
   for (size_t i = 0; i < prompts.size(); ++i) decoders.emplace_back(tok, true);
   std::vector<std::string> outputs(prompts.size());
   if (stream) {
-    std::cout << texts[0] << std::flush;
+    // The prompt as typed; a chat turn's answer starts on its own line.
+    std::cout << texts[0] << (o.chat ? "\n" : "") << std::flush;
   }
   const GenerateResult r = generate(*backend, prompts, gen, [&](size_t i, int32_t token) {
     const std::string piece = decoders[i].push(token);
@@ -184,7 +185,7 @@ void run_generate(const Options& o) {
   s << ")\n";
   s << "-- memory: weights " << mib(static_cast<double>(model.weights.nbytes())) << " ("
     << mib(static_cast<double>(model.weights.bytes_per_token())) << " read per decode step), KV cache "
-    << mib(static_cast<double>(r.kv_bytes)) << " for " << r.prompt_tokens + r.generated_tokens << " tokens, "
+    << mib(static_cast<double>(r.kv_bytes)) << " for " << r.kv_tokens << " tokens, "
     << backend->kv().bytes_per_token() << " bytes per token (" << backend->kv().describe() << ")\n";
   std::cout << s.str() << std::flush;
 }
