@@ -222,6 +222,34 @@ LOWBIT_AVX2 void dense_row_tile_avx2(const WeightMatrix& w, const float* x, floa
   }
 }
 
+template <bool F16>
+LOWBIT_AVX2 float dot_avx2(const float* a, const void* bv, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 b;
+    if constexpr (F16) b = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const f16*>(bv) + i)));
+    else b = _mm256_loadu_ps(static_cast<const float*>(bv) + i);
+    acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), b, acc);
+  }
+  float s = hsum(acc);
+  for (; i < n; ++i) s += a[i] * (F16 ? f16_to_float(static_cast<const f16*>(bv)[i]) : static_cast<const float*>(bv)[i]);
+  return s;
+}
+
+template <bool F16>
+LOWBIT_AVX2 void axpy_avx2(float alpha, const void* xv, float* y, int64_t n) {
+  const __m256 a = _mm256_set1_ps(alpha);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 x;
+    if constexpr (F16) x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const f16*>(xv) + i)));
+    else x = _mm256_loadu_ps(static_cast<const float*>(xv) + i);
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(a, x, _mm256_loadu_ps(y + i)));
+  }
+  for (; i < n; ++i) y[i] += alpha * (F16 ? f16_to_float(static_cast<const f16*>(xv)[i]) : static_cast<const float*>(xv)[i]);
+}
+
 // Rows [n0, n1) of the output, all M rows of x in tiles of kTileRows.
 template <typename TileFn>
 void tiles(int64_t M, int64_t n0, int64_t n1, TileFn&& fn) {
@@ -327,6 +355,38 @@ void matmul(const WeightMatrix& w, const float* x, int64_t M, float* y, ThreadPo
     pool->run(0, w.rows, grain, body);
   else
     body(0, w.rows);
+}
+
+float dot(const float* a, const float* b, int64_t n) {
+#if LOWBIT_ENGINE_X86
+  if (active_isa() == Isa::avx2) return dot_avx2<false>(a, b, n);
+#endif
+  float s = 0.0f;
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+float dot(const float* a, const f16* b, int64_t n) {
+#if LOWBIT_ENGINE_X86
+  if (active_isa() == Isa::avx2) return dot_avx2<true>(a, b, n);
+#endif
+  float s = 0.0f;
+  for (int64_t i = 0; i < n; ++i) s += a[i] * f16_to_float(b[i]);
+  return s;
+}
+
+void axpy(float alpha, const float* x, float* y, int64_t n) {
+#if LOWBIT_ENGINE_X86
+  if (active_isa() == Isa::avx2) return axpy_avx2<false>(alpha, x, y, n);
+#endif
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+
+void axpy(float alpha, const f16* x, float* y, int64_t n) {
+#if LOWBIT_ENGINE_X86
+  if (active_isa() == Isa::avx2) return axpy_avx2<true>(alpha, x, y, n);
+#endif
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * f16_to_float(x[i]);
 }
 
 void matmul_ref(const WeightMatrix& w, const float* x, int64_t M, float* y) {

@@ -8,6 +8,7 @@
 
 #include "lowbit/core/error.h"
 #include "lowbit/core/half.h"
+#include "lowbit/engine/cpu_kernels.h"
 #include "lowbit/kv/attention_ref.h"
 #include "lowbit/kv/paged_cache.h"
 
@@ -44,12 +45,6 @@ std::string KvOptions::describe() const {
 namespace {
 
 // ---- dense: fp32 or fp16, per sequence [token][kv_head][head_dim] --------------------
-
-template <typename T>
-float load(const T& v) {
-  if constexpr (std::is_same_v<T, float>) return v;
-  else return f16_to_float(v);
-}
 
 template <typename T>
 T store(float v) {
@@ -122,11 +117,9 @@ class DenseKvStore final : public KvStore {
         const float* qv = q.data() + (i * H + h) * D;
         float mx = -std::numeric_limits<float>::infinity();
         for (int64_t t = 0; t <= pos; ++t) {
-          const T* kv = K + t * kvd + kh * D;
-          float dot = 0.0f;
-          for (int64_t j = 0; j < D; ++j) dot += qv[j] * load(kv[j]);
-          scores[static_cast<size_t>(t)] = dot * scale;
-          mx = std::max(mx, dot * scale);
+          const float score = cpu::dot(qv, K + t * kvd + kh * D, D) * scale;
+          scores[static_cast<size_t>(t)] = score;
+          mx = std::max(mx, score);
         }
         float sum = 0.0f;
         for (int64_t t = 0; t <= pos; ++t) {
@@ -136,9 +129,7 @@ class DenseKvStore final : public KvStore {
         }
         std::fill(acc.begin(), acc.end(), 0.0f);
         for (int64_t t = 0; t <= pos; ++t) {
-          const T* vv = V + t * kvd + kh * D;
-          const float p = scores[static_cast<size_t>(t)];
-          for (int64_t j = 0; j < D; ++j) acc[static_cast<size_t>(j)] += p * load(vv[j]);
+          cpu::axpy(scores[static_cast<size_t>(t)], V + t * kvd + kh * D, acc.data(), D);
         }
         float* o = out.data() + (i * H + h) * D;
         for (int64_t j = 0; j < D; ++j) o[j] = acc[static_cast<size_t>(j)] / sum;

@@ -185,3 +185,42 @@ TEST(ThreadPool, CoversTheRangeOnceAndRethrows) {
 
 }  // namespace
 }  // namespace lowbit::test
+
+namespace lowbit::test {
+namespace {
+
+TEST(AttentionLoops, DotAndAxpyMatchDoubleSumsForEveryIsa) {
+  std::vector<cpu::Isa> isas = {cpu::Isa::portable};
+  if (cpu::best_isa() == cpu::Isa::avx2) isas.push_back(cpu::Isa::avx2);
+  for (const int64_t n : {5, 64, 100, 128}) {
+    const std::vector<float> a = random_floats(static_cast<size_t>(n), 1), b = random_floats(static_cast<size_t>(n), 2);
+    std::vector<f16> bh(b.size());
+    for (size_t i = 0; i < b.size(); ++i) bh[i] = float_to_f16(b[i]);
+    double want = 0.0, want_h = 0.0, mag = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      want += static_cast<double>(a[static_cast<size_t>(i)]) * b[static_cast<size_t>(i)];
+      want_h += static_cast<double>(a[static_cast<size_t>(i)]) * f16_to_float(bh[static_cast<size_t>(i)]);
+      mag += std::fabs(static_cast<double>(a[static_cast<size_t>(i)]) * b[static_cast<size_t>(i)]);
+    }
+    const double bound = kEngineMatmulRtol * mag + kEngineMatmulAtol;
+    for (const cpu::Isa isa : isas) {
+      cpu::set_isa(isa);
+      EXPECT_NEAR(cpu::dot(a.data(), b.data(), n), want, bound) << cpu::isa_name(isa) << " n=" << n;
+      EXPECT_NEAR(cpu::dot(a.data(), bh.data(), n), want_h, bound) << cpu::isa_name(isa) << " n=" << n;
+      std::vector<float> y = b, yh = b;
+      cpu::axpy(0.75f, a.data(), y.data(), n);
+      std::vector<f16> ah(a.size());
+      for (size_t i = 0; i < a.size(); ++i) ah[i] = float_to_f16(a[i]);
+      cpu::axpy(-1.5f, ah.data(), yh.data(), n);
+      for (int64_t i = 0; i < n; ++i) {
+        const size_t k = static_cast<size_t>(i);
+        EXPECT_FLOAT_EQ(y[k], b[k] + 0.75f * a[k]);
+        EXPECT_FLOAT_EQ(yh[k], b[k] - 1.5f * f16_to_float(ah[k]));
+      }
+    }
+    cpu::set_isa(cpu::best_isa());
+  }
+}
+
+}  // namespace
+}  // namespace lowbit::test

@@ -3,7 +3,7 @@
 //   lowbit generate [--model PATH] [--prompt TEXT]... [--max-tokens N] [--device auto|cpu|cuda]
 //                   [--weights auto|fp16|w4] [--kv F] [--kv-k F] [--kv-v F] [--chat]
 //                   [--temperature T] [--top-k K] [--top-p P] [--seed S] [--threads N]
-//                   [--max-context N] [--quiet]
+//                   [--max-context N] [--quiet] [--ignore-eos]
 //
 // PATH is a .gguf file or a Hugging Face folder (config.json, safetensors,
 // tokenizer.json); without --model, the default model in the cache
@@ -93,6 +93,7 @@ struct Options {
   int threads = 0;
   int64_t max_context = 0;
   bool quiet = false;
+  bool ignore_eos = false;
 };
 
 void run_generate(const Options& o) {
@@ -143,7 +144,7 @@ void run_generate(const Options& o) {
   gen.sampling.top_k = o.top_k;
   gen.sampling.top_p = o.top_p;
   gen.sampling.seed = o.seed;
-  for (int32_t id = 0; id < tok.vocab_size(); ++id)
+  for (int32_t id = 0; id < tok.vocab_size() && !o.ignore_eos; ++id)
     if (tok.is_end_of_generation(id)) gen.stop_tokens.push_back(id);
 
   const bool stream = prompts.size() == 1;
@@ -224,6 +225,7 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--max-context", o.max_context, "KV cache capacity per prompt in tokens (default: prompt + max-tokens)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--quiet", o.quiet, "Print only the generated text");
+  cmd->add_flag("--ignore-eos", o.ignore_eos, "Do not stop at end-of-generation tokens (for timing N tokens)");
   cmd->callback([] { run_generate(o); });
 }
 

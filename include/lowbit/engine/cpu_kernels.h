@@ -37,6 +37,14 @@ void set_isa(Isa isa);
 // w.cols floats apart, y rows w.rows floats apart. pool may be null (serial).
 void matmul(const WeightMatrix& w, const float* x, int64_t M, float* y, ThreadPool* pool);
 
+// Attention's inner loops over one head vector (same ISA dispatch):
+// dot = sum_i a[i] b[i]; y[i] += alpha x[i]. f16 operands are converted with
+// F16C (software conversion per element would cost more than the arithmetic).
+float dot(const float* a, const float* b, int64_t n);
+float dot(const float* a, const f16* b, int64_t n);
+void axpy(float alpha, const float* x, float* y, int64_t n);
+void axpy(float alpha, const f16* x, float* y, int64_t n);
+
 // The reference: each row dequantized exactly (dequant_row), sums in double.
 void matmul_ref(const WeightMatrix& w, const float* x, int64_t M, float* y);
 
