@@ -213,9 +213,69 @@ class PagedKvStore final : public KvStore {
     cache_.write(layer, seq, first_pos, n, k, v);
   }
   void attend(int layer, int seq, int64_t first_pos, int64_t n, std::span<const float> q, std::span<float> out,
-              ThreadPool*) const override {
-    // The kv module's reference kernels parallelize internally.
-    kv::paged_prefill_attention_ref(cache_, layer, seq, first_pos, n, static_cast<int>(config_.num_heads), q, out);
+              ThreadPool* pool) const override {
+    if (options_.reference_attention) {
+      kv::paged_prefill_attention_ref(cache_, layer, seq, first_pos, n, static_cast<int>(config_.num_heads), q, out);
+      return;
+    }
+    cache_.check_layer(layer);
+    const int64_t H = config_.num_heads, D = config_.head_dim, KVH = config_.num_kv_heads, G = H / KVH;
+    const int64_t P = options_.page_size;
+    LOWBIT_CHECK_ARG(first_pos >= 0 && first_pos + n <= cache_.length(seq), "first_pos", first_pos,
+                     "inside the sequence");
+    LOWBIT_CHECK_ARG(q.size() == static_cast<size_t>(n * H * D) && out.size() == q.size(), "q/out size", q.size(),
+                     "n * num_heads * head_dim floats");
+    const std::span<const int32_t> table = cache_.block_table(seq);
+    const bool k_rot = cache_.stored_rotated(kv::KvPart::key), v_rot = cache_.stored_rotated(kv::KvPart::value);
+    const kv::Rotation& rot = cache_.rotation(layer);
+    const float softmax_scale = 1.0f / std::sqrt(static_cast<float>(D));
+    // One item = one query token and one KV head with its G query heads.
+    const auto body = [&](int64_t begin, int64_t end) {
+      const auto dsz = static_cast<size_t>(D);
+      std::vector<float> qr(static_cast<size_t>(G) * dsz), unit(dsz), acc(static_cast<size_t>(G) * dsz);
+      std::vector<float> scores(static_cast<size_t>(G * (first_pos + n)));
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t i = item / KVH, kh = item % KVH, pos = first_pos + i, T = pos + 1;
+        for (int64_t g = 0; g < G; ++g) {
+          const std::span<const float> qh = q.subspan(static_cast<size_t>(((i * H) + kh * G + g) * D), dsz);
+          const std::span<float> dst(qr.data() + g * D, dsz);
+          if (k_rot) rot.rotate(qh, dst);  // keys are scored in the rotated domain
+          else std::copy(qh.begin(), qh.end(), dst.begin());
+        }
+        std::vector<float> mx(static_cast<size_t>(G), -std::numeric_limits<float>::infinity());
+        for (int64_t t = 0; t < T; ++t) {
+          const std::byte* slab = cache_.slab(layer, table[static_cast<size_t>(t / P)], static_cast<int>(kh));
+          const float s = cache_.decode_slot(kv::KvPart::key, slab, static_cast<int>(t % P), unit) * softmax_scale;
+          for (int64_t g = 0; g < G; ++g) {
+            const float score = s * cpu::dot(qr.data() + g * D, unit.data(), D);
+            scores[static_cast<size_t>(g * T + t)] = score;
+            mx[static_cast<size_t>(g)] = std::max(mx[static_cast<size_t>(g)], score);
+          }
+        }
+        std::vector<float> sum(static_cast<size_t>(G), 0.0f);
+        for (int64_t g = 0; g < G; ++g)
+          for (int64_t t = 0; t < T; ++t) {
+            float& e = scores[static_cast<size_t>(g * T + t)];
+            e = std::exp(e - mx[static_cast<size_t>(g)]);
+            sum[static_cast<size_t>(g)] += e;
+          }
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (int64_t t = 0; t < T; ++t) {
+          const std::byte* slab = cache_.slab(layer, table[static_cast<size_t>(t / P)], static_cast<int>(kh));
+          const float s = cache_.decode_slot(kv::KvPart::value, slab, static_cast<int>(t % P), unit);
+          for (int64_t g = 0; g < G; ++g)
+            cpu::axpy(s * scores[static_cast<size_t>(g * T + t)], unit.data(), acc.data() + g * D, D);
+        }
+        for (int64_t g = 0; g < G; ++g) {
+          float* o = out.data() + ((i * H) + kh * G + g) * D;
+          const float inv = 1.0f / sum[static_cast<size_t>(g)];
+          for (int64_t j = 0; j < D; ++j) o[j] = acc[static_cast<size_t>(g * D + j)] * inv;
+          if (v_rot) rot.unrotate(std::span<const float>(o, dsz), std::span<float>(o, dsz));  // once, after the sum
+        }
+      }
+    };
+    if (pool != nullptr) pool->run(0, n * KVH, 1, body);
+    else body(0, n * KVH);
   }
   int64_t bytes_per_token() const override { return cache_.bytes_per_token(); }
   int64_t bytes_used() const override {

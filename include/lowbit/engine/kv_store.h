@@ -2,8 +2,11 @@
 //  - dense (K and V both fp32, or both fp16): contiguous per-sequence arrays
 //    [token][kv_head][head_dim], attention computed here (fp32 accumulation);
 //  - paged TurboQuant (K and/or V tq4/tq3/tq2, the other may be fp16): the kv
-//    module's PagedKvCache (paged_cache.h), attention by its reference
-//    kernels (attention_ref.h), the same arithmetic the GPU kernels mirror.
+//    module's PagedKvCache (paged_cache.h). Attention follows its reference
+//    kernels' arithmetic (attention_ref.h, which the GPU kernels mirror): the
+//    query is rotated once and scored against the stored centroids, values
+//    are summed in the rotated domain and the output un-rotated once; here
+//    on the engine's thread pool, each K/V slot decoded once per query group.
 // Attention is causal: the query at position p sees keys 0..p; query head g
 // reads KV head g / (num_heads / num_kv_heads) (GQA).
 #pragma once
@@ -31,6 +34,9 @@ struct KvOptions {
   int max_sequences = 1;      // sequences alive at once
   int page_size = 32;         // tokens per page (paged formats)
   uint64_t rotation_seed = 42;  // TurboQuant rotations: seed + 1000 * layer
+  // Paged formats: attend with the kv module's reference kernels
+  // (attention_ref.h) instead of the engine's pooled loop (tests compare them).
+  bool reference_attention = false;
 
   // Throws Error(invalid_argument): fp32 mixed with another format, a
   // non-positive size.
