@@ -247,7 +247,8 @@ TEST_P(GgufTypes, LayersLoadExactlyAsTheReferenceDequantizerReadsThem) {
   fs::remove(path);
 }
 
-INSTANTIATE_TEST_SUITE_P(Types, GgufTypes, ::testing::Values(GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::F16));
+INSTANTIATE_TEST_SUITE_P(Types, GgufTypes, ::testing::Values(GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::F16),
+                         [](const auto& info) { return gguf::ggml_type_name(info.param); });
 
 }  // namespace
 }  // namespace lowbit::test

@@ -158,7 +158,8 @@ TEST_P(GoldenLogits, Fp16KvStaysCloseToFp32Kv) {
   EXPECT_GT(err, 0.0);  // it really stored fp16
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, GoldenLogits, ::testing::Values("llama", "qwen3"));
+INSTANTIATE_TEST_SUITE_P(Models, GoldenLogits, ::testing::Values("llama", "qwen3"),
+                         [](const auto& info) { return std::string(info.param); });
 
 TEST(GoldenModels, ConfigsAreReadAsWritten) {
   const engine::Model llama = engine::load_model(golden_dir("llama"));

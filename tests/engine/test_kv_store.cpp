@@ -91,7 +91,11 @@ TEST_P(PagedAttention, PooledLoopMatchesTheKvModuleReference) {
 INSTANTIATE_TEST_SUITE_P(Formats, PagedAttention,
                          ::testing::Values(std::pair{KvStorage::tq4, KvStorage::tq4}, std::pair{KvStorage::tq3, KvStorage::tq4},
                                            std::pair{KvStorage::tq4, KvStorage::fp16},
-                                           std::pair{KvStorage::fp16, KvStorage::tq2}));
+                                           std::pair{KvStorage::fp16, KvStorage::tq2}),
+                         [](const auto& info) {
+                           return std::string("K") + engine::kv_storage_name(info.param.first) + "_V" +
+                                  engine::kv_storage_name(info.param.second);
+                         });
 
 TEST(DenseAttention, Fp32StoreMatchesTheDoubleDenseReference) {
   const engine::ModelConfig c = small_config();
