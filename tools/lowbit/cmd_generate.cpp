@@ -12,6 +12,7 @@
 // Then it prints prefill and decode speed and memory (weights, KV cache).
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -173,7 +174,8 @@ void run_generate(const Options& o) {
       std::cout << "== prompt " << i << ": " << texts[i] << "\n" << outputs[i] << "\n";
   }
   if (o.quiet) return;
-  const int64_t decode_tokens = r.generated_tokens - static_cast<int64_t>(prompts.size());
+  // The first token of each prompt comes out of the prefill call.
+  const int64_t decode_tokens = std::max<int64_t>(0, r.generated_tokens - static_cast<int64_t>(prompts.size()));
   std::ostringstream s;
   s << std::fixed << std::setprecision(1);
   s << "\n-- " << model_path.filename().string() << ": " << model.config.describe() << "\n";
