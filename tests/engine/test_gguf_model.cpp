@@ -248,7 +248,7 @@ TEST_P(GgufTypes, LayersLoadExactlyAsTheReferenceDequantizerReadsThem) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, GgufTypes, ::testing::Values(GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::F16),
-                         [](const auto& info) { return gguf::ggml_type_name(info.param); });
+                         [](const auto& param_info) { return gguf::ggml_type_name(param_info.param); });
 
 }  // namespace
 }  // namespace lowbit::test

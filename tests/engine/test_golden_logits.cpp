@@ -159,7 +159,7 @@ TEST_P(GoldenLogits, Fp16KvStaysCloseToFp32Kv) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, GoldenLogits, ::testing::Values("llama", "qwen3"),
-                         [](const auto& info) { return std::string(info.param); });
+                         [](const auto& param_info) { return std::string(param_info.param); });
 
 TEST(GoldenModels, ConfigsAreReadAsWritten) {
   const engine::Model llama = engine::load_model(golden_dir("llama"));

@@ -92,9 +92,9 @@ INSTANTIATE_TEST_SUITE_P(Formats, PagedAttention,
                          ::testing::Values(std::pair{KvStorage::tq4, KvStorage::tq4}, std::pair{KvStorage::tq3, KvStorage::tq4},
                                            std::pair{KvStorage::tq4, KvStorage::fp16},
                                            std::pair{KvStorage::fp16, KvStorage::tq2}),
-                         [](const auto& info) {
-                           return std::string("K") + engine::kv_storage_name(info.param.first) + "_V" +
-                                  engine::kv_storage_name(info.param.second);
+                         [](const auto& param_info) {
+                           return std::string("K") + engine::kv_storage_name(param_info.param.first) + "_V" +
+                                  engine::kv_storage_name(param_info.param.second);
                          });
 
 TEST(DenseAttention, Fp32StoreMatchesTheDoubleDenseReference) {

@@ -84,7 +84,7 @@ TEST_P(QuantizedCheckpoints, W4PathEqualsDequantizedPathAndRtnOnLoad) {
 INSTANTIATE_TEST_SUITE_P(Formats, QuantizedCheckpoints,
                          ::testing::Values(checkpoint::QuantFormat::gptq, checkpoint::QuantFormat::gptq_v2,
                                            checkpoint::QuantFormat::awq),
-                         [](const auto& info) { return std::string(checkpoint::quant_format_name(info.param)); });
+                         [](const auto& param_info) { return std::string(checkpoint::quant_format_name(param_info.param)); });
 
 io::HfConfig hf(const std::string& json_text) { return io::parse_hf_config(nlohmann::json::parse(json_text)); }
 
