@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdio>
 #include <fstream>
+#include <functional>
 #include <queue>
 #include <sstream>
 #include <unordered_map>
@@ -158,6 +160,28 @@ std::optional<uint32_t> next_codepoint(std::string_view s, size_t& i) {
 
 enum class PreTokenizer { gpt2, digits_then_gpt2, custom };
 
+// lowbit implements no Unicode normalization. A tokenizer.json that asks for
+// NFC (Qwen2/Qwen3) is still accepted, because NFC leaves most text alone:
+// these ranges hold only characters that NFC never changes, that never
+// combine with a neighbour and are never reordered (ASCII and Latin-1 up to
+// the combining marks, precomposed Latin, Greek and Cyrillic letters, Hebrew
+// and Arabic letters, CJK ideographs, kana, Hangul syllables, punctuation,
+// symbols, full-width forms, emoji). Text with any other character (a
+// combining accent, a compatibility singleton such as U+212B ANGSTROM SIGN,
+// Devanagari, Hangul jamo...) is refused with a clear error rather than
+// tokenized differently from the reference.
+bool nfc_stable(uint32_t c) {
+  static constexpr uint32_t kRanges[][2] = {
+      {0x0000, 0x02FF}, {0x0388, 0x03FF}, {0x0400, 0x0482}, {0x048A, 0x052F}, {0x05D0, 0x05EA},
+      {0x0621, 0x064A}, {0x1E00, 0x1EFF}, {0x2002, 0x206F}, {0x2070, 0x20CF}, {0x2190, 0x22FF},
+      {0x2500, 0x27BF}, {0x3000, 0x3029}, {0x3030, 0x303F}, {0x3041, 0x3096}, {0x30A0, 0x30FF},
+      {0x4E00, 0x9FFF}, {0xAC00, 0xD7A3}, {0xFE00, 0xFE0F}, {0xFF00, 0xFFEF}, {0x1F000, 0x1FAFF},
+  };
+  for (const auto& r : kRanges)
+    if (c >= r[0] && c <= r[1]) return true;
+  return false;
+}
+
 }  // namespace
 
 // ---- Impl ------------------------------------------------------------------------
@@ -182,6 +206,11 @@ struct BpeTokenizer::Impl {
   std::string chat_template;
   std::vector<int32_t> end_ids;
   bool add_prefix_space = false;
+  bool nfc = false;  // the tokenizer.json asks for NFC normalization (see nfc_stable)
+  // Llama 3: a piece that is itself in the vocabulary becomes that token
+  // without merging (Hugging Face "ignore_merges", llama.cpp does the same
+  // for its llama3 pre-tokenizer). Merging can end elsewhere for some pieces.
+  bool ignore_merges = false;
   std::unique_ptr<Regex> digits;  // when the pre-tokenizer isolates digits first
   std::unique_ptr<Regex> split;
 
@@ -267,6 +296,15 @@ struct BpeTokenizer::Impl {
   // runs of spaces; stale entries are recognized by their ids and skipped.
   void bpe(std::string_view piece, std::vector<int32_t>& out) const {
     if (piece.empty()) return;
+    if (ignore_merges) {
+      std::string mapped;
+      for (char c : piece) mapped += byte_table().byte_to_utf8[static_cast<unsigned char>(c)];
+      const auto it = ids.find(mapped);
+      if (it != ids.end()) {
+        out.push_back(it->second);
+        return;
+      }
+    }
     struct Sym {
       int32_t id;
       int32_t prev;
@@ -315,7 +353,22 @@ struct BpeTokenizer::Impl {
     for (int32_t i = 0; i >= 0; i = syms[static_cast<size_t>(i)].next) out.push_back(syms[static_cast<size_t>(i)].id);
   }
 
+  void check_nfc(std::string_view text) const {
+    for (size_t i = 0; i < text.size();) {
+      const size_t at = i;
+      const auto c = next_codepoint(text, i);
+      if (c && !nfc_stable(*c)) {
+        char hex[16];
+        std::snprintf(hex, sizeof hex, "U+%04X", static_cast<unsigned>(*c));
+        fail(ErrorKind::unsupported, source, " asks for NFC normalization, which lowbit does "
+             "not implement, and the text has ", hex, " at byte ", at,
+             ", which NFC may change: normalize the text to NFC first or use a GGUF vocabulary");
+      }
+    }
+  }
+
   void encode_text(std::string_view text, std::vector<int32_t>& out) const {
+    if (nfc) check_nfc(text);
     std::vector<std::string_view> coarse, pieces;
     std::string prefixed;
     if (add_prefix_space && !text.empty() && text[0] != ' ') {
@@ -352,13 +405,15 @@ std::pair<std::string, std::string> split_merge(const std::string& m, const std:
   return {m.substr(0, sp), m.substr(sp + 1)};
 }
 
-PreTokenizer gguf_pre_tokenizer(const std::string& pre, std::string& pattern, const std::string& source) {
+PreTokenizer gguf_pre_tokenizer(const std::string& pre, std::string& pattern, bool& ignore_merges,
+                                const std::string& source) {
   if (pre.empty() || pre == "default" || pre == "gpt2" || pre == "gpt-2") return PreTokenizer::gpt2;
   // llama.cpp's names: these vocabularies isolate each digit, then split as GPT-2.
   if (pre == "smollm" || pre == "starcoder" || pre == "refact" || pre == "codeshell")
     return PreTokenizer::digits_then_gpt2;
   if (pre == "llama3" || pre == "llama-bpe" || pre == "llama-v3" || pre == "smaug-bpe") {
     pattern = kLlama3Pattern;
+    ignore_merges = true;
     return PreTokenizer::custom;
   }
   if (pre == "qwen2") {
@@ -417,7 +472,8 @@ BpeTokenizer BpeTokenizer::from_gguf(const gguf::GgufFile& file) {
   impl->chat_template = file.get_string_or("tokenizer.chat_template", "");
   std::string pattern;
   const PreTokenizer kind =
-      gguf_pre_tokenizer(file.get_string_or("tokenizer.ggml.pre", ""), pattern, impl->source);
+      gguf_pre_tokenizer(file.get_string_or("tokenizer.ggml.pre", ""), pattern, impl->ignore_merges,
+                         impl->source);
   impl->set_pre_tokenizer(kind, pattern);
   impl->finish(merges);
   return BpeTokenizer(std::move(impl));
@@ -499,20 +555,30 @@ BpeTokenizer BpeTokenizer::from_tokenizer_json(const std::filesystem::path& path
     if (model.value("type", "") != "BPE")
       fail(ErrorKind::unsupported, impl->source, ": model.type = '", model.value("type", ""),
            "': lowbit reads byte-level BPE only");
-    if (j.contains("normalizer") && !j["normalizer"].is_null())
-      fail(ErrorKind::unsupported, impl->source, ": normalizer ", j["normalizer"].dump().substr(0, 200),
-           ": lowbit implements no normalizers (null expected)");
-    int64_t max_id = -1;
-    for (const auto& [tok, id] : model.at("vocab").items()) max_id = std::max<int64_t>(max_id, id.get<int64_t>());
+    if (j.contains("normalizer") && !j["normalizer"].is_null()) {
+      if (j["normalizer"].value("type", "") != "NFC")
+        fail(ErrorKind::unsupported, impl->source, ": normalizer ", j["normalizer"].dump().substr(0, 200),
+             ": lowbit implements no normalizers (null, or NFC with the limits of nfc_stable)");
+      impl->nfc = true;
+    }
+    int64_t max_id = -1, entries = 0;
+    auto check_entry_id = [&](const std::string& tok, int64_t id) {
+      if (id < 0) fail(ErrorKind::format, impl->source, ": token '", tok, "' has id ", id);
+      max_id = std::max(max_id, id);
+      ++entries;
+    };
+    for (const auto& [tok, id] : model.at("vocab").items()) check_entry_id(tok, id.get<int64_t>());
     if (j.contains("added_tokens"))
-      for (const auto& a : j["added_tokens"]) max_id = std::max<int64_t>(max_id, a.at("id").get<int64_t>());
-    if (max_id < 0 || max_id >= (int64_t{1} << 31) - 1)
-      fail(ErrorKind::format, impl->source, ": vocabulary ids reach ", max_id);
+      for (const auto& a : j["added_tokens"])
+        check_entry_id(a.at("content").get<std::string>(), a.at("id").get<int64_t>());
+    // Ids may leave holes, but not absurd ones (that would allocate gigabytes).
+    if (max_id < 0 || max_id >= 2 * entries + 1024)
+      fail(ErrorKind::format, impl->source, ": vocabulary ids reach ", max_id, " for ", entries,
+           " tokens: expected ids below ", 2 * entries + 1024);
     impl->tokens.assign(static_cast<size_t>(max_id + 1), std::string());
     impl->types.assign(static_cast<size_t>(max_id + 1), TokenType::unused);
     for (const auto& [tok, id] : model.at("vocab").items()) {
       const int64_t i = id.get<int64_t>();
-      if (i < 0) fail(ErrorKind::format, impl->source, ": token '", tok, "' has id ", i);
       impl->tokens[static_cast<size_t>(i)] = tok;
       impl->types[static_cast<size_t>(i)] = TokenType::normal;
     }
@@ -522,6 +588,7 @@ BpeTokenizer BpeTokenizer::from_tokenizer_json(const std::filesystem::path& path
         impl->tokens[i] = a.at("content").get<std::string>();
         impl->types[i] = a.value("special", false) ? TokenType::control : TokenType::user_defined;
       }
+    impl->ignore_merges = model.value("ignore_merges", false);
     std::vector<std::pair<std::string, std::string>> merges;
     if (model.contains("merges")) {
       size_t r = 0;
@@ -537,6 +604,25 @@ BpeTokenizer BpeTokenizer::from_tokenizer_json(const std::filesystem::path& path
                            pattern, impl->add_prefix_space, impl->source);
     impl->set_pre_tokenizer(kind, pattern);
 
+    // A post-processor that puts a special token first (Llama 3's
+    // TemplateProcessing "single": [{"SpecialToken": {"id": "<|begin_of_text|>"}}, ...])
+    // means encode(..., add_special_tokens) starts with BOS.
+    std::optional<std::string> template_bos;
+    const std::function<void(const nlohmann::json&)> find_template = [&](const nlohmann::json& pp) {
+      if (!pp.is_object()) return;
+      if (pp.value("type", "") == "TemplateProcessing" && pp.contains("single") && pp["single"].is_array() &&
+          !pp["single"].empty() && pp["single"][0].contains("SpecialToken"))
+        template_bos = pp["single"][0]["SpecialToken"].at("id").get<std::string>();
+      if (pp.contains("processors") && pp["processors"].is_array())
+        for (const auto& sub : pp["processors"]) find_template(sub);
+    };
+    if (j.contains("post_processor")) find_template(j["post_processor"]);
+    if (template_bos) {
+      for (size_t i = 0; i < impl->tokens.size(); ++i)
+        if (impl->tokens[i] == *template_bos) impl->bos = static_cast<int32_t>(i);
+      impl->add_bos = impl->bos.has_value();
+    }
+
     // tokenizer_config.json beside it: special tokens, add_bos_token, chat template.
     const auto cfg_path = path.parent_path() / "tokenizer_config.json";
     std::error_code ec;
@@ -550,7 +636,7 @@ BpeTokenizer BpeTokenizer::from_tokenizer_json(const std::filesystem::path& path
         fail(ErrorKind::format, "'", cfg_path.string(), "': ", key, " '", *t,
              "' is not in the vocabulary");
       };
-      impl->bos = lookup("bos_token");
+      if (const auto b = lookup("bos_token")) impl->bos = b;
       impl->eos = lookup("eos_token");
       impl->pad = lookup("pad_token");
       if (cfg.contains("add_bos_token") && cfg["add_bos_token"].is_boolean())

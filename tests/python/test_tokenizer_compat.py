@@ -69,14 +69,14 @@ POOLS = [
 ]
 
 
-def random_strings(seed, count):
+def random_strings(seed, count, pools=POOLS):
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(count):
         n = int(rng.integers(0, 40))
         parts = []
         for _ in range(n):
-            pool = POOLS[int(rng.integers(0, len(POOLS)))]
+            pool = pools[int(rng.integers(0, len(pools)))]
             parts.append(pool[int(rng.integers(0, len(pool)))])
         out.append("".join(parts))
     return out
@@ -114,3 +114,86 @@ def test_golden_file_is_current():
     golden = json.loads((REPO_ROOT / "tests" / "tokenizer" / "golden_smollm2.json").read_text())
     for case in golden["cases"]:
         assert reference.encode(case["text"], add_special_tokens=False).ids == case["ids"], case["text"]
+
+
+# ---- tokenizer.json files written by `tokenizers` itself --------------------------------
+
+LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+                  r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+                 r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def save_variant(tk, tmp_path, kind):
+    """The default model's vocabulary with the pre-tokenizer (and normalizer,
+    post-processor) of another family, saved as tokenizer.json."""
+    from tokenizers import Regex, normalizers, pre_tokenizers, processors
+    if kind == "smollm2":
+        pass
+    elif kind in ("llama3", "qwen2"):
+        pattern = LLAMA3_PATTERN if kind == "llama3" else QWEN2_PATTERN
+        tk.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+        if kind == "llama3":
+            tk.post_processor = processors.TemplateProcessing(
+                single="<|im_start|> $A", pair="<|im_start|> $A <|im_start|> $B",
+                special_tokens=[("<|im_start|>", 1)])
+        else:
+            tk.normalizer = normalizers.NFC()
+    path = tmp_path / kind / "tokenizer.json"
+    path.parent.mkdir()
+    tk.save(str(path))
+    return path
+
+
+# NFC-stable pools only (see nfc_stable in src/tokenizer/bpe_tokenizer.cpp):
+# no combining marks, no Devanagari, no U+0085 (NFC leaves it, but keep the
+# pools to what the check documents).
+STABLE_POOLS = [
+    list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"),
+    list("0123456789"),
+    [" ", "  ", "\t", "\n", "\r\n", "\u00a0", "\u3000"],
+    ["'s", "'t", "'re", "'LL", "'"],
+    list(".,;:!?-_()[]{}<>/\\|@#$%^&*+=~`\""),
+    list("éèêàçñöüßøåÆŒ"),
+    list("日本語中文字한국어ひらがなカタカナ"),
+    ["😀", "👍🏽", "👨\u200d👩\u200d👧", "❤️"],
+    list("Привет мир Ελληνικά עברית العربية"),
+    ["<|im_start|>", "<|im_end|>", "<|im_", "|>"],
+]
+
+
+@pytest.mark.parametrize("kind", ["smollm2", "llama3", "qwen2"])
+def test_tokenizer_json_variants_equal_hugging_face(tmp_path, kind):
+    model = default_model()
+    mg = load_make_golden()
+    # Llama 3's tokenizer.json sets ignore_merges (a piece in the vocabulary is one token).
+    tk = mg.build_tokenizer(mg.read_gguf_tokenizer(model), ignore_merges=kind == "llama3")
+    path = save_variant(tk, tmp_path, kind)
+    if kind == "llama3":
+        assert json.loads(path.read_text())["model"]["ignore_merges"] is True
+    from tokenizers import Tokenizer
+    reference = Tokenizer.from_file(str(path))  # exactly what the file says
+    texts = random_strings(10, 300, STABLE_POOLS if kind == "qwen2" else POOLS)
+    texts += [t["text"] for t in json.loads(
+        (REPO_ROOT / "tests" / "tokenizer" / "golden_smollm2.json").read_text())["cases"]
+        if kind != "qwen2"]
+    ours = run_tool(path, texts)
+    bad = []
+    for text, got in zip(texts, ours):
+        assert "error" not in got, (text, got)
+        want = reference.encode(text, add_special_tokens=False).ids
+        want_special = reference.encode(text, add_special_tokens=True).ids
+        if got["ids"] != want or got["ids_special"] != want_special:
+            bad.append((text, got, want))
+        assert got["round_trip"], repr(text)
+    assert not bad, f"{len(bad)} of {len(texts)} differ, e.g. {bad[:2]!r}"
+    if kind == "llama3":
+        assert ours[0]["ids_special"][0] == 1  # BOS from the TemplateProcessing post-processor
+    if kind == "qwen2":
+        # A combining accent would be changed by NFC: a clear refusal, not other ids.
+        refused = run_tool(path, ["cafe\u0301"])[0]
+        assert "NFC" in refused.get("error", ""), refused
+        assert "U+0301" in refused["error"]

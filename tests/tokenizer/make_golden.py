@@ -106,7 +106,7 @@ def read_gguf_tokenizer(path):
     return meta
 
 
-def build_tokenizer(meta):
+def build_tokenizer(meta, ignore_merges=False):
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     tokens = meta["tokenizer.ggml.tokens"]
@@ -114,7 +114,7 @@ def build_tokenizer(meta):
     assert meta["tokenizer.ggml.model"] == "gpt2" and meta["tokenizer.ggml.pre"] == "smollm"
     vocab = {t: i for i, t in enumerate(tokens)}
     merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
-    tk = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tk = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=ignore_merges))
     tk.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Digits(individual_digits=True),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),

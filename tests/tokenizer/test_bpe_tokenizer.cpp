@@ -93,6 +93,18 @@ TEST(BpeTiny, MergesApplyByRankLeftmostFirst) {
   EXPECT_EQ(pieces(t, t.encode("ab ab")), (std::vector<std::string>{"ab", "\xC4\xA0", "ab"}));
 }
 
+// "abc" is in the vocabulary, but merging stops at "ab" + "c" ("a bc" never
+// fires because "a b" outranks "b c"). Llama 3 vocabularies ignore merges for
+// a piece that is a token; GPT-2 style ones do not.
+TEST(BpeTiny, IgnoreMergesForLlama3) {
+  const std::vector<std::string> merges = {"a b", "b c", "a bc"};
+  const BpeTokenizer gpt2 = from(tiny_vocab(merges, "gpt2"));
+  const BpeTokenizer llama3 = from(tiny_vocab(merges, "llama-bpe"));
+  EXPECT_EQ(pieces(gpt2, gpt2.encode("abc")), (std::vector<std::string>{"ab", "c"}));
+  EXPECT_EQ(pieces(llama3, llama3.encode("abc")), (std::vector<std::string>{"abc"}));
+  EXPECT_EQ(pieces(llama3, llama3.encode("abcb")), (std::vector<std::string>{"ab", "c", "b"}));
+}
+
 TEST(BpeTiny, SpecialTokensBosAndDecode) {
   const BpeTokenizer t = from(tiny_vocab({"a b"}));
   EXPECT_EQ(t.vocab_size(), 2 + 256 + 1);
@@ -136,6 +148,36 @@ TEST(BpeTiny, BadVocabulariesAreClearErrors) {
   expect_error([&] { (void)from(m); }, ErrorKind::unsupported, {"tokenizer.ggml.model = 'llama'"});
   expect_error([&] { (void)from(tiny_vocab({}, "falcon")); }, ErrorKind::unsupported,
                {"tokenizer.ggml.pre = 'falcon'"});
+}
+
+TEST(BpeTokenizerJson, MalformedFilesAreClearErrors) {
+  const auto dir = std::filesystem::temp_directory_path() / ("lowbit_tokjson_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto path = dir / "tokenizer.json";
+  auto load = [&](const std::string& text) {
+    std::ofstream(path) << text;
+    return BpeTokenizer::from_tokenizer_json(path);
+  };
+  const std::string byte_level = R"("pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false})";
+  expect_error([&] { (void)load("{not json"); }, ErrorKind::format, {"not valid JSON"});
+  expect_error([&] { (void)load("{}"); }, ErrorKind::format, {"unexpected structure"});
+  expect_error([&] { (void)load(R"({"model": {"type": "WordPiece", "vocab": {}}})"); }, ErrorKind::unsupported,
+               {"model.type = 'WordPiece'"});
+  expect_error([&] { (void)load(R"({"model": {"type": "BPE", "vocab": {"a": -3}}, )" + byte_level + "}"); },
+               ErrorKind::format, {"token 'a' has id -3"});
+  expect_error([&] { (void)load(R"({"model": {"type": "BPE", "vocab": {"a": 2000000000}}, )" + byte_level + "}"); },
+               ErrorKind::format, {"ids reach 2000000000"});
+  expect_error([&] { (void)load(R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": ["a c"]}, )" +
+                                byte_level + "}"); },
+               ErrorKind::format, {"merge 0", "not in the vocabulary"});
+  expect_error([&] { (void)load(R"({"model": {"type": "BPE", "vocab": {"a": 0}}, "pre_tokenizer": {"type": "Whitespace"}})"); },
+               ErrorKind::unsupported, {"pre_tokenizer"});
+  expect_error([&] { (void)load(R"({"normalizer": {"type": "NFKC"}, "model": {"type": "BPE", "vocab": {"a": 0}}, )" +
+                                byte_level + "}"); },
+               ErrorKind::unsupported, {"normalizer"});
+  expect_error([] { (void)BpeTokenizer::from_tokenizer_json("/nonexistent/tokenizer.json"); }, ErrorKind::io,
+               {"cannot open"});
+  std::filesystem::remove_all(dir);
 }
 
 TEST(BpeTiny, ChatTemplates) {

@@ -1,8 +1,10 @@
 // bpe_tokenize MODEL.gguf|tokenizer.json < lines > lines
 // Reads one JSON string per input line, encodes it with lowbit's BpeTokenizer
 // (add_special_tokens = false) and writes one JSON line per input:
-//   {"ids": [...], "round_trip": true|false}
-// where round_trip says whether decode(ids) gave the input bytes back.
+//   {"ids": [...], "ids_special": [...], "round_trip": true|false}
+// ids_special with add_special_tokens = true (BOS when the vocabulary asks
+// for it); round_trip says whether decode(ids) gave the input bytes back.
+// An input the tokenizer refuses gives {"error": "message"}.
 // Driven by tests/python/test_tokenizer_compat.py, which compares the ids with
 // the Hugging Face `tokenizers` package on random strings.
 // Exit codes: 0 success, 1 any error (message on stderr), 2 usage.
@@ -29,8 +31,13 @@ int main(int argc, char** argv) {
     std::string line;
     while (std::getline(std::cin, line)) {
       const std::string text = nlohmann::json::parse(line).get<std::string>();
-      const auto ids = tok.encode(text);
-      const nlohmann::json out = {{"ids", ids}, {"round_trip", tok.decode(ids) == text}};
+      nlohmann::json out;
+      try {
+        const auto ids = tok.encode(text);
+        out = {{"ids", ids}, {"ids_special", tok.encode(text, true)}, {"round_trip", tok.decode(ids) == text}};
+      } catch (const lowbit::Error& e) {
+        out = {{"error", e.what()}};
+      }
       std::cout << out.dump() << "\n";
     }
   } catch (const lowbit::Error& e) {

@@ -97,7 +97,8 @@ const GgmlTypeTraits* ggml_type_traits(uint32_t id);
 // "Q4_1"; "type#<id>" for an unknown id.
 std::string ggml_type_name(GgmlType type);
 // True when dequantize_to_f32 handles the type: F32, F16, BF16, F64, I8,
-// I16, I32, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K.
+// I16, I32, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K, Q3_K, Q4_K, Q5_K,
+// Q6_K, Q8_K (not the IQ*, TQ* and MXFP4 types, nor I64).
 bool can_dequantize(GgmlType type);
 
 // The type of a metadata value (GGUF's gguf_type).
