@@ -164,3 +164,43 @@ TEST(Backend, RejectsBadTokensSequencesAndOverflow) {
 
 }  // namespace
 }  // namespace lowbit::test
+
+namespace lowbit::test {
+namespace {
+
+// The golden Llama re-saved in f16 and in bf16: f16 tensors stay f16 (the
+// AVX2 F16C kernels run them), bf16 ones widen to f32 exactly; both give
+// transformers' logits up to the rounding of the weights themselves.
+TEST(Loading, F16AndBf16CheckpointsLoadAndRun) {
+  const io::SafetensorsFile f = io::SafetensorsFile::open(golden_dir("llama") / "model.safetensors");
+  const io::SafetensorsFile g = io::SafetensorsFile::open(golden_dir("llama") / "golden.safetensors");
+  const TensorView gl = g.view("logits");
+  const std::vector<float> golden(gl.as<const float>(), gl.as<const float>() + gl.numel());
+  for (const DType dtype : {DType::f16, DType::bf16}) {
+    const fs::path dir = temp_dir(std::string("half_") + dtype_name(dtype));
+    fs::create_directories(dir);
+    fs::copy_file(golden_dir("llama") / "config.json", dir / "config.json");
+    io::SafetensorsWriter w;
+    for (const io::SafetensorsTensor& t : f.tensors()) {
+      const TensorView v = f.view(t);
+      std::vector<uint16_t> half(static_cast<size_t>(v.numel()));
+      for (size_t i = 0; i < half.size(); ++i)
+        half[i] = dtype == DType::f16 ? float_to_f16(v.as<const float>()[i]).bits : float_to_bf16(v.as<const float>()[i]).bits;
+      w.add_copy(t.name, dtype, t.shape,
+                 std::span<const std::byte>(reinterpret_cast<const std::byte*>(half.data()), half.size() * 2));
+    }
+    w.write(dir / "model.safetensors");
+    const engine::Model m = engine::load_model(dir);
+    EXPECT_EQ(m.weights.layers[0].wq.format, dtype == DType::f16 ? engine::MatrixFormat::f16 : engine::MatrixFormat::f32);
+    const std::vector<float> logits = logits_of(m, golden_tokens("llama"));
+    // Weights rounded to 11 (f16) or 8 (bf16) significant bits move these
+    // logits by ~1e-3 / ~1e-2 of their scale; a wrong conversion moves them by O(1).
+    const double err = max_relative_error(logits, golden);
+    EXPECT_LT(err, dtype == DType::f16 ? 5e-3 : 5e-2) << dtype_name(dtype);
+    EXPECT_GT(err, 0.0);
+    fs::remove_all(dir);
+  }
+}
+
+}  // namespace
+}  // namespace lowbit::test
