@@ -13,8 +13,11 @@ void add_quantize_command(CLI::App& app);
 void add_dequantize_command(CLI::App& app);
 void add_kv_command(CLI::App& app);
 void add_ans_command(CLI::App& app);
+void add_generate_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
-// `lowbit bench ans` (cmd_bench_ans.cpp), added by add_bench_command.
+// Under `bench` (one file each, cmd_bench_<name>.cpp), added by add_bench_command.
 void add_bench_ans_command(CLI::App& bench);
+void add_bench_attention_command(CLI::App& bench);
+void add_bench_model_command(CLI::App& bench);
 
 }  // namespace lowbit::cli
