@@ -25,7 +25,7 @@
 //  - prefill: the decode kernel with one row per query token, each attending
 //    causally to the tokens up to its own position (correct, not fast: the
 //    K/V of the block are re-read per query token, mostly from L2).
-// Restrictions of the device path: head_dim 128, at most 16 query heads per KV
+// Restrictions of the device path: head_dim 128, at most 8 query heads per KV
 // head. The write kernel does not validate values (that would need a device
 // to host round trip per step): a non-finite K/V or a scale beyond f16's
 // range stores a non-finite scale, which attention turns into NaN outputs
@@ -45,7 +45,7 @@
 namespace lowbit::kv {
 
 inline constexpr int kDeviceHeadDim = 128;
-inline constexpr int kDeviceMaxGroup = 16;
+inline constexpr int kDeviceMaxGroup = 8;
 
 class DeviceKvCache {
  public:
