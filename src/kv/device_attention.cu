@@ -97,7 +97,9 @@ __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
 
 __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                          uint32_t b1) {
-  asm volatile(
+  // Not volatile: a pure function of its registers, so the compiler may
+  // schedule the table loads of the next mma ahead of it.
+  asm(
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -128,6 +130,14 @@ __device__ __forceinline__ void allow_next_kernel() {
 
 __device__ __forceinline__ uint32_t byte_of(uint32_t w, int k) { return (w >> (8 * k)) & 0xffu; }
 
+// Entry e of a lane's table: one PRMT (byte extract), one LEA, one LDS per
+// pair of coordinates. `lane_table` is entry 0 of this lane's copy;
+// entries are 128 bytes apart.
+__device__ __forceinline__ uint32_t table_entry(const uint32_t* lane_table, uint32_t word, int byte) {
+  const uint32_t e = __byte_perm(word, 0u, 0x4440u | static_cast<uint32_t>(byte));
+  return *reinterpret_cast<const uint32_t*>(reinterpret_cast<const char*>(lane_table) + (e << 7));
+}
+
 // The score tile, transposed: acc[4] += K[16 tokens x 128] . Q'^T[128 x 8
 // heads] (K is the A operand, so the 16 rows of the mma are 16 tokens and
 // none is wasted on padding; the <= 8 query heads of the group are the n).
@@ -141,12 +151,12 @@ __device__ __forceinline__ void score_tile(const uint8_t* row0, const uint8_t* r
     const uint4 r0 = *reinterpret_cast<const uint4*>(row0 + 16 * c);
     const uint4 r1 = *reinterpret_cast<const uint4*>(row1 + 16 * c);
     const uint32_t w0[4] = {r0.x, r0.y, r0.z, r0.w}, w1[4] = {r1.x, r1.y, r1.z, r1.w};
+    const uint32_t* t = lut;
 #pragma unroll
     for (int ks = 0; ks < 8; ++ks) {
-      const int sh = 16 * (ks & 1);
-      const uint32_t x0 = w0[ks >> 1] >> sh, x1 = w1[ks >> 1] >> sh;
-      mma16816(acc, lut[(x0 & 0xffu) << 5], lut[(x1 & 0xffu) << 5], lut[((x0 >> 8) & 0xffu) << 5],
-               lut[((x1 >> 8) & 0xffu) << 5], qb[ks][0], qb[ks][1]);
+      const int b = 2 * (ks & 1);
+      mma16816(acc, table_entry(t, w0[ks >> 1], b), table_entry(t, w1[ks >> 1], b), table_entry(t, w0[ks >> 1], b + 1),
+               table_entry(t, w1[ks >> 1], b + 1), qb[ks][0], qb[ks][1]);
     }
   } else if constexpr (KF == kTq2) {
     const uint2 r0 = *reinterpret_cast<const uint2*>(row0 + 8 * c);
@@ -215,11 +225,12 @@ __device__ __forceinline__ void value_tile(const uint8_t* rows, int c, int g, co
         hi[p][w] = ((aw[w] >> 4) & 0x0F0F0F0Fu) | (bw[w] & 0xF0F0F0F0u);
       }
     }
+    const uint32_t* t = lut;
 #pragma unroll
     for (int mt = 0; mt < 8; ++mt) {
       const int w = mt >> 2, k = mt & 3;
-      mma16816(o[mt], lut[byte_of(lo[0][w], k) << 5], lut[byte_of(hi[0][w], k) << 5], lut[byte_of(lo[1][w], k) << 5],
-               lut[byte_of(hi[1][w], k) << 5], pb[0], pb[1]);
+      mma16816(o[mt], table_entry(t, lo[0][w], k), table_entry(t, hi[0][w], k), table_entry(t, lo[1][w], k),
+               table_entry(t, hi[1][w], k), pb[0], pb[1]);
     }
   } else if constexpr (VF == kTq2) {
     uint32_t x[2], y[2];  // nibble k: coordinate 16g + 2k (x) and 16g + 2k + 1 (y) of both tokens
@@ -312,9 +323,11 @@ __global__ void __launch_bounds__(TileLayout<KF, VF>::kWarps * 32, 8 / TileLayou
   int table_row;
   int64_t len;
   row_of(a, r, table_row, len);
-  const int64_t t0 = split * a.split_tokens;
+  // 32-bit token arithmetic (lengths < 2^31): 64-bit divisions are software
+  // routines of ~100 instructions, which the per-tile page lookup paid.
+  const int t0 = split * static_cast<int>(a.split_tokens);
   if (t0 >= len) return;  // this row has fewer chunks; the merge reads only its own
-  const int64_t t1 = min(len, t0 + a.split_tokens);
+  const int t1 = static_cast<int>(min(len, int64_t{t0} + a.split_tokens));
 
   const int g = lane >> 2, c = lane & 3;
   const int sb = a.scale_bytes;
@@ -325,14 +338,16 @@ __global__ void __launch_bounds__(TileLayout<KF, VF>::kWarps * 32, 8 / TileLayou
   uint8_t* my_stages = stages + warp * S * stage_bytes;
   const int32_t* table = a.tables + table_row * a.table_stride;
 
-  const int64_t tile_begin = t0 / kTile, tile_end = (t1 + kTile - 1) / kTile;
-  const int64_t first = tile_begin + warp;
-  const int n_my = first < tile_end ? static_cast<int>((tile_end - first + kWarps - 1) / kWarps) : 0;
+  const int tile_begin = t0 / kTile, tile_end = (t1 + kTile - 1) / kTile;
+  const int first = tile_begin + warp;
+  const int n_my = first < tile_end ? (tile_end - first + kWarps - 1) / kWarps : 0;
+  const unsigned tiles_per_page = static_cast<unsigned>(a.page_size / kTile);
 
   auto issue = [&](int i) {
-    const int64_t tok = (first + int64_t{kWarps} * i) * kTile;
-    const int32_t page = table[tok / a.page_size];
-    const int slot = static_cast<int>(tok % a.page_size);
+    const unsigned tile = static_cast<unsigned>(first + kWarps * i);
+    const unsigned page_index = tile / tiles_per_page;
+    const int32_t page = table[page_index];
+    const int slot = static_cast<int>(tile - page_index * tiles_per_page) * kTile;
     const std::byte* slab = a.pool + (static_cast<int64_t>(page) * a.num_kv_heads + h) * a.slab_bytes;
     uint8_t* dst = my_stages + (i % S) * stage_bytes;
     auto copy = [&](const std::byte* src, uint8_t* d, int bytes) {
@@ -382,7 +397,7 @@ __global__ void __launch_bounds__(TileLayout<KF, VF>::kWarps * 32, 8 / TileLayou
     cp_async_wait<S - 1>();
     __syncwarp();
     const uint8_t* st = my_stages + (i % S) * stage_bytes;
-    const int64_t tok0 = (first + int64_t{kWarps} * i) * kTile;
+    const int tok0 = (first + kWarps * i) * kTile;
 
     // s[0], s[1]: token g, heads 2c, 2c+1; s[2], s[3]: token g + 8.
     float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -679,7 +694,8 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
   LOWBIT_CHECK_ARG(options.split_tokens >= 0 && options.split_tokens % kTile == 0, "split_tokens",
                    options.split_tokens, "0 (auto) or a positive multiple of 16");
   const int group = num_q_heads / H;
-  const int64_t split = options.split_tokens > 0 ? options.split_tokens
+  const int64_t whole = (max_length + kTile - 1) / kTile * kTile;  // one chunk per row
+  const int64_t split = options.split_tokens > 0 ? std::min(options.split_tokens, whole)
                                                  : decode_split_tokens(rows, H, max_length, sm_count());
   const int max_splits = static_cast<int>((max_length + split - 1) / split);
   LOWBIT_CHECK_ARG(max_splits <= 65535, "split_tokens", split, "at most 65535 chunks per row");
@@ -726,12 +742,25 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
 }  // namespace
 
 int64_t decode_split_tokens(int rows, int num_kv_heads, int64_t max_length, int sm_count) {
-  const int64_t target_ctas = 4 * int64_t{std::max(sm_count, 1)};
-  const int64_t per_row = std::max<int64_t>(1, (target_ctas + int64_t{rows} * num_kv_heads - 1) /
-                                                   (int64_t{rows} * num_kv_heads));
-  int64_t chunk = (std::max<int64_t>(max_length, 1) + per_row - 1) / per_row;
-  chunk = std::max<int64_t>(chunk, 128);
-  return (chunk + kTile - 1) / kTile * kTile;
+  // Both kernel variants are sized for 2 resident CTAs per SM. Every CTA of a
+  // call has about the same work, so the time is (waves) x (tiles per CTA +
+  // a CTA's fixed cost): a partial last wave costs a whole wave (576 CTAs on
+  // 264 slots ran 3 waves of which the last was 18% full). Pick the split
+  // count with the least cost, at least one tile per warp.
+  const int64_t slots = 2 * int64_t{std::max(sm_count, 1)};
+  const int64_t pairs = int64_t{rows} * num_kv_heads;
+  const int64_t tiles = (std::max<int64_t>(max_length, 1) + kTile - 1) / kTile;
+  constexpr int64_t kFixedTiles = 4;  // tables, query fragments, the warps' merge
+  constexpr int64_t kMinTilesPerCta = 8;
+  int64_t best_splits = 1, best_cost = -1;
+  for (int64_t s = 1; s <= std::min<int64_t>(tiles, 4096); ++s) {
+    const int64_t per_cta = (tiles + s - 1) / s;
+    if (s > 1 && per_cta < kMinTilesPerCta) break;
+    const int64_t waves = (pairs * s + slots - 1) / slots;
+    const int64_t cost = waves * (per_cta + kFixedTiles);
+    if (best_cost < 0 || cost < best_cost) best_cost = cost, best_splits = s;
+  }
+  return (tiles + best_splits - 1) / best_splits * kTile;
 }
 
 void device_decode_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTables& tables, int num_q_heads,

@@ -123,9 +123,10 @@ struct DeviceDecodeOptions {
   int64_t split_tokens = 0;    // KV chunk per CTA, a multiple of 16; 0: chosen by decode_split_tokens
 };
 
-// The chunk length the decode kernel uses when none is given: enough CTAs
-// for two waves of two CTAs per SM over rows * num_kv_heads, but chunks of at
-// least 128 tokens (a CTA's fixed cost is a few tiles' worth); a multiple of 16.
+// The chunk length the decode kernel uses when none is given (a multiple of
+// 16): the split count that minimises waves x (tiles per CTA + a CTA's fixed
+// cost) for rows * num_kv_heads * splits CTAs on 2 CTAs per SM, with at least
+// 8 tiles of 16 tokens per CTA (one per warp).
 int64_t decode_split_tokens(int rows, int num_kv_heads, int64_t max_length, int sm_count);
 
 // Decode attention (attention_ref.h's paged_decode_attention_ref): q, out
