@@ -110,10 +110,10 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // Programmatic dependent launch (sm_90): no-ops where unsupported.
@@ -131,11 +131,24 @@ __device__ __forceinline__ void allow_next_kernel() {
 __device__ __forceinline__ uint32_t byte_of(uint32_t w, int k) { return (w >> (8 * k)) & 0xffu; }
 
 // Entry e of a lane's table: one PRMT (byte extract), one LEA, one LDS per
-// pair of coordinates. `lane_table` is entry 0 of this lane's copy;
-// entries are 128 bytes apart.
-__device__ __forceinline__ uint32_t table_entry(const uint32_t* lane_table, uint32_t word, int byte) {
+// pair of coordinates. `lane_table` is the 32-bit shared address of entry 0
+// of this lane's copy; entries are 128 bytes apart. Written as asm because
+// from C++ the compiler re-associates the address as ((e*32) | lane) * 4 +
+// base: four instructions, two of them IMADs on the FMA pipe, which the
+// profile showed as the limiter (math-pipe throttle).
+__device__ __forceinline__ uint32_t table_entry(uint32_t lane_table, uint32_t word, int byte) {
   const uint32_t e = __byte_perm(word, 0u, 0x4440u | static_cast<uint32_t>(byte));
-  return *reinterpret_cast<const uint32_t*>(reinterpret_cast<const char*>(lane_table) + (e << 7));
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(lane_table + (e << 7)));
+  return v;
+}
+
+// 2^x on the SFU alone: exp2f's denormal handling costs 4 more instructions
+// per call, and results below 2^-126 are zero weight here anyway.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
 }
 
 // The score tile, transposed: acc[4] += K[16 tokens x 128] . Q'^T[128 x 8
@@ -151,7 +164,7 @@ __device__ __forceinline__ void score_tile(const uint8_t* row0, const uint8_t* r
     const uint4 r0 = *reinterpret_cast<const uint4*>(row0 + 16 * c);
     const uint4 r1 = *reinterpret_cast<const uint4*>(row1 + 16 * c);
     const uint32_t w0[4] = {r0.x, r0.y, r0.z, r0.w}, w1[4] = {r1.x, r1.y, r1.z, r1.w};
-    const uint32_t* t = lut;
+    const uint32_t t = static_cast<uint32_t>(__cvta_generic_to_shared(lut));
 #pragma unroll
     for (int ks = 0; ks < 8; ++ks) {
       const int b = 2 * (ks & 1);
@@ -225,7 +238,7 @@ __device__ __forceinline__ void value_tile(const uint8_t* rows, int c, int g, co
         hi[p][w] = ((aw[w] >> 4) & 0x0F0F0F0Fu) | (bw[w] & 0xF0F0F0F0u);
       }
     }
-    const uint32_t* t = lut;
+    const uint32_t t = static_cast<uint32_t>(__cvta_generic_to_shared(lut));
 #pragma unroll
     for (int mt = 0; mt < 8; ++mt) {
       const int w = mt >> 2, k = mt & 3;
@@ -428,9 +441,10 @@ __global__ void __launch_bounds__(TileLayout<KF, VF>::kWarps * 32, 8 / TileLayou
       mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
     }
     const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
-    const float alpha0 = exp2f(m0 - n0), alpha1 = exp2f(m1 - n1);
+    const float alpha0 = fast_exp2(m0 - n0), alpha1 = fast_exp2(m1 - n1);
     m0 = n0, m1 = n1;
-    const float p0 = exp2f(s[0] - n0), p1 = exp2f(s[1] - n1), p2 = exp2f(s[2] - n0), p3 = exp2f(s[3] - n1);
+    const float p0 = fast_exp2(s[0] - n0), p1 = fast_exp2(s[1] - n1), p2 = fast_exp2(s[2] - n0),
+                p3 = fast_exp2(s[3] - n1);
     l0 = l0 * alpha0 + (p0 + p2);
     l1 = l1 * alpha1 + (p1 + p3);
     // After the first tiles the running max rarely moves: skip the 32
