@@ -1,10 +1,12 @@
 // Decode (and, through the same kernel, causal prefill) attention directly on
-// the paged TurboQuant cache. Three kernels per call:
+// the paged TurboQuant cache. Three kernels per call, chained with
+// programmatic dependent launch:
 //  1. rotate_queries: q' = q @ M once per query head (never a key
 //     un-rotation), times softmax_scale * log2(e) so the softmax runs on exp2.
-//  2. attend<KF, VF>: one CTA of 4 warps per (row, KV head, KV chunk).
-//  3. merge_and_unrotate: the exact log-sum-exp merge of the chunks, then
-//     out = o @ M^T once per output when V is stored rotated.
+//  2. attend<KF, VF>: one CTA of 8 warps (4 for fp16 K or V) per (row, KV
+//     head, KV chunk).
+//  3. merge: the exact log-sum-exp merge of the chunks, then out = o @ M^T
+//     once per output when V is stored rotated.
 //
 // Why the attend kernel looks the way it does (bandwidth is the budget: at
 // batch 8 / 32k the tq4 cache is 277 MB, 92 us at 3 TB/s):
@@ -12,15 +14,17 @@
 //    5 query heads x (128 multiply-adds for the score + 128 for the value)
 //    per cached token is ~3e9 FMAs at batch 8 / 32k, more time than the
 //    memory. So both products run on tensor cores (mma.m16n8k16, fp16 inputs,
-//    fp32 accumulation): the query heads sharing a KV head are the 16 rows of
-//    A (GQA: a KV head's bytes are read once for all of them), 16 tokens are
-//    the columns. Per token a lane only turns indices into fp16 operands.
+//    fp32 accumulation). K (scores) and V^T (outputs) are the A operand, 16
+//    tokens or 16 coordinates per row block; the <= 8 query heads sharing a
+//    KV head are the n columns (GQA: a KV head's bytes are read once for all
+//    of them, and no mma row is padding). Per token a lane only turns indices
+//    into fp16 operands.
 //  - Index -> operand: one shared-memory load per PAIR of coordinates. A
 //    256-entry table maps a byte (two 4-bit indices) to the half2 of their
 //    centroids; tq3 (6 bits per pair) and tq2 (4 bits) use 64- and 16-entry
 //    tables. Random indices would hit random banks (~3.5-way conflicts), so
 //    the table is replicated 32 times, entry e of lane l at word e*32 + l:
-//    every lane reads its own bank (32 KB for tq4).
+//    every lane reads its own bank (32 KB for tq4, shared by 8 warps).
 //  - The k (reduction) order of an mma is free as long as A and B agree, so
 //    a lane's K operand comes straight from one 16-byte load of its token's
 //    row (tq4: coordinates 32c .. 32c+31 for lane%4 = c; the query fragment
@@ -28,15 +32,17 @@
 //    tokens: a lane needs the same coordinate of two tokens, so two tokens'
 //    index words are merged with two shifts and two LOP3s into bytes that
 //    index the same pair table. Output coordinates are permuted the same way
-//    (dim = 16 * (lane/4) + tile) and put back in order at the end.
+//    (16 * (lane/4) + 2 * tile (+1)) and put back in order at the end. The
+//    score tile (tokens x heads) becomes the PV operand (heads x tokens) with
+//    movmatrix.
 //  - Scales are per token: K's multiplies the score after the mma, V's is
 //    folded into the fp16 probability (p * s_v), the row sum uses p alone.
 //  - Each warp streams its own 16-token tiles (a tile never crosses a page:
-//    pages are multiples of 16) through a 4-stage cp.async ring: ~6 KB in
-//    flight per warp, no block-wide barriers in the loop. The 4 warps' online
-//    softmax states are merged once at the end.
-//  - Split-KV (flash-decoding) cuts each row into chunks so that there are
-//    enough CTAs for every SM at batch 1; decode_split_tokens picks the chunk.
+//    pages are multiples of 16) through a 3-stage cp.async ring, no
+//    block-wide barriers in the loop. The warps' online softmax states are
+//    merged once at the end. 128 registers, 2 CTAs (16 warps) per SM.
+//  - Split-KV (flash-decoding) cuts each row into chunks; decode_split_tokens
+//    picks the count that fills the SMs in whole waves.
 #include <cuda_fp16.h>
 
 #include <algorithm>
