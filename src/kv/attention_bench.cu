@@ -138,6 +138,9 @@ void run_kv_attention_benchmark(const KvAttentionBenchOptions& options) {
   for (int b : options.batches) LOWBIT_CHECK_ARG(b >= 1, "batches", b, "positive batch sizes");
   for (int64_t c : options.contexts) LOWBIT_CHECK_ARG(c >= 1, "contexts", c, "positive context lengths");
   LOWBIT_CHECK_ARG(options.reps >= 1, "reps", options.reps, "at least 1");
+  LOWBIT_CHECK_ARG(options.page_size >= kv::kMinPageSize && options.page_size <= kv::kMaxPageSize &&
+                       options.page_size % kv::kPageSizeMultiple == 0,
+                   "page_size", options.page_size, "a multiple of 16 in [16, 256]");
   LOWBIT_CHECK_ARG(options.prefill_reps >= 1, "prefill_reps", options.prefill_reps, "at least 1");
   LOWBIT_CHECK_ARG(options.prefill_tokens >= 0 && options.prefill_tokens <= 65535, "prefill_tokens",
                    options.prefill_tokens, "0 (skip) to 65535");
