@@ -93,6 +93,28 @@ TEST_F(KvCli, UsageErrorsExitTwoLibraryErrorsExitOne) {
   EXPECT_NE(hadamard.output.find("power of two"), std::string::npos) << hadamard.output;
 }
 
+// `lowbit bench attention` (the benchmark itself runs on the GPU machine by
+// hand; here only what never touches a device): option validation exits 2,
+// a page size the cache refuses exits 1 before any device work, or with
+// "built without CUDA" in a CPU-only build.
+TEST_F(KvCli, BenchAttentionRejectsBadOptions) {
+  for (const char* args : {"bench attention --batch 0", "bench attention --context -5",
+                           "bench attention --page-size 300", "bench attention --prefill-tokens 70000",
+                           "bench attention --reps 0"}) {
+    const RunResult r = run_lowbit(args);
+    EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.output;
+  }
+  const RunResult page = run_lowbit("bench attention --page-size 24");
+  EXPECT_EQ(page.exit_code, 1) << page.output;
+  EXPECT_TRUE(page.output.find("'page_size' = 24") != std::string::npos ||
+              page.output.find("built without CUDA") != std::string::npos)
+      << page.output;
+  const RunResult help = run_lowbit("bench attention --help");
+  EXPECT_EQ(help.exit_code, 0) << help.output;
+  for (const char* needle : {"--batch", "--context", "--page-size", "--prefill-tokens", "--json", "SDPA"})
+    EXPECT_NE(help.output.find(needle), std::string::npos) << needle << "\n" << help.output;
+}
+
 TEST_F(KvCli, HelpExplainsTheOptions) {
   const RunResult kv = run_lowbit("kv --help");
   EXPECT_EQ(kv.exit_code, 0) << kv.output;
