@@ -61,10 +61,10 @@ void run_w4a16_gemm_benchmark(const W4A16BenchOptions& options) {
   cuda::CudaTimerOptions timer;
   timer.reps = options.reps;
   timer.warmup = 5;
-  const W4A16Strategy strategies[] = {W4A16Strategy::automatic, W4A16Strategy::data_parallel,
-                                      W4A16Strategy::split_k_atomic, W4A16Strategy::split_k_deterministic,
-                                      W4A16Strategy::stream_k,
-                                      W4A16Strategy::decoupled};
+  std::vector<W4A16Strategy> strategies = {W4A16Strategy::automatic,     W4A16Strategy::data_parallel,
+                                           W4A16Strategy::split_k_atomic, W4A16Strategy::split_k_deterministic,
+                                           W4A16Strategy::stream_k,       W4A16Strategy::decoupled};
+  if (w4a16_wgmma_available(0)) strategies.push_back(W4A16Strategy::wgmma);
   // impl -> M -> sum of log(speedup), count
   std::map<std::string, std::map<int64_t, std::pair<double, int>>> speedups;
   std::vector<std::string> m1_bandwidth;

@@ -1,0 +1,367 @@
+// The sm_90a W4A16 kernel: y^T = dequant(W)^T x^T on wgmma, for the M where
+// the mma.sync kernels of w4a16_gemm.cu run out of tensor-core throughput.
+//
+// Why this shape:
+//   - wgmma takes only its A operand from registers, and the dequantized
+//     weights exist only in registers (they never touch shared memory), so the
+//     weights are A: the transposed problem y^T[N, M] = W^T[N, K] x^T[K, M],
+//     with output columns as the wgmma M (64 per warpgroup) and the rows of x
+//     as the wgmma N (16, 32, 64, 128 or 256 per CTA). One dequantized weight fragment
+//     then serves up to 256 rows of x.
+//   - The A fragment of m64nNk16 is, per warp, the A fragment of
+//     mma.m16n8k16 over 16 rows; with weights as A its rows are output columns,
+//     which is exactly what one lane's 16 bytes of the tiled layout hold (the
+//     B operands of the mma.sync kernels, columns g and g+8 of the warp's 16):
+//     the layout and the LOP3 dequantization are reused unchanged.
+//   - x is B: rows of x are K-contiguous, i.e. wgmma's default K-major B. A
+//     stage holds 64 rows of K = 128 bytes per row of x, stored with the
+//     128-byte swizzle (16-byte chunk c of row r at chunk c ^ (r % 8)) that the
+//     shared-memory descriptor names, so the tensor cores read it without bank
+//     conflicts; cp.async writes it (no tensor map needed).
+//   - Two warpgroups (128 columns) share each x tile. Each waits for its own
+//     wgmma batch before dequantizing the next iteration: the assembler
+//     serializes every wgmma of a kernel in which registers of a wgmma operand
+//     are written while another wgmma is in flight (ptxas C7513, seen with
+//     double-buffered A registers and wait_group 1), which costs more than the
+//     overlap gains. The overlap comes from the other warpgroup(s) on the SM
+//     and from the cp.async loads issued while the batch runs.
+//   - Small grids (few column tiles at large K) split K over CTAs; the last
+//     CTA of a tile sums the partials in a fixed order (deterministic).
+#include "w4a16_wgmma.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <type_traits>
+
+#include "lowbit/cuda/check.h"
+#include "w4a16_device.cuh"
+#include "wgmma_ops.cuh"
+
+namespace lowbit::w4a16_detail {
+namespace {
+
+constexpr int kThreads = 256;  // two warpgroups, 64 output columns each
+// Four slots: the one being computed on and three loads in flight.
+constexpr int kStages = 4;
+constexpr int kAhead = kStages - 1;
+
+template <int kMTile>
+struct Smem {
+  static constexpr int kXBytes = kMTile * 128;  // kMTile rows of x x 64 halves, 128-byte swizzle
+  static constexpr int kWBytes = 2 * 128 * 16;  // each thread's 16 bytes of weights
+  static constexpr int kSzBytes = 2 * 128 * 4;  // scale/zero of rows k0 and k0 + 32, 128 columns
+  static constexpr int kStageBytes = kXBytes + kWBytes + kSzBytes;
+  static_assert(kStageBytes % 1024 == 0, "x tiles must stay 1024-byte aligned (the swizzle atom)");
+  static constexpr int kBytes = kStages * kStageBytes + 1024;  // + slack to align the base
+};
+
+// Shared-memory matrix descriptor for a K-major tile with the 128-byte
+// swizzle: start address >> 4 (bits 0-13), leading byte offset (unused for
+// swizzled K-major; 1 by convention, bits 16-29), stride byte offset = 1024
+// bytes between 8-row groups (bits 32-45), layout type 1 = 128B swizzle (bits 62-63).
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) |
+         (uint64_t{1} << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving accumulator reads/writes across the async
+// wgmma boundary (it does not know the tensor cores own them meanwhile).
+template <int N>
+__device__ __forceinline__ void fence_accumulators(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+// cp.async writes are generic-proxy writes; wgmma reads through the async
+// proxy, so each writer orders the two before the barrier.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// Residency wanted: small tiles (decode) need several CTAs per SM to keep
+// enough weight bytes in flight; the 256-row tile holds 128 accumulators per
+// thread and runs alone.
+template <int kMTile>
+constexpr int kMinCtasPerSm = kMTile == 256 ? 1 : (kMTile >= 64 ? 2 : 4);
+
+template <typename T, int kMTile, bool kFloatZero>
+__global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>) w4a16_wgmma_kernel(const WgmmaArgs args) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using S = Smem<kMTile>;
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  constexpr int kAcc = kMTile / 2;
+  extern __shared__ unsigned char smem_raw[];
+  __shared__ int last_cta;
+  unsigned char* smem = smem_raw + ((1024 - (smem_address(smem_raw) & 1023)) & 1023);
+
+  const int tid = threadIdx.x, wg = tid / 128, lt = tid % 128, warp = lt / 32, lane = tid % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int m0 = blockIdx.x * kMTile;
+  const int n_blocks = args.N_pad / 64;
+  const int nb = blockIdx.y * 2 + wg;  // this warpgroup's 64-column block
+  const bool active = nb < n_blocks;   // uniform per warpgroup: the last tile may have one block only
+  const int split = blockIdx.z;
+  const int it_begin = static_cast<int>(static_cast<int64_t>(split) * args.iters / args.split_k);
+  const int it_end = static_cast<int>(static_cast<int64_t>(split + 1) * args.iters / args.split_k);
+  const int n = it_end - it_begin;
+  const T* x = static_cast<const T*>(args.x);
+
+  auto stage_x = [&](int s) { return smem + s * S::kStageBytes; };
+  auto stage_w = [&](int s) { return reinterpret_cast<uint4*>(smem + s * S::kStageBytes + S::kXBytes); };
+  auto stage_sz = [&](int s) {
+    return reinterpret_cast<uint32_t*>(smem + s * S::kStageBytes + S::kXBytes + S::kWBytes);
+  };
+
+  auto load_stage = [&](int s, int it) {
+    const int k0 = it * 64;
+    unsigned char* xd = stage_x(s);
+    constexpr int kChunks = kMTile * 8;  // 16-byte chunks of the x tile
+#pragma unroll
+    for (int i = 0; i < (kChunks + kThreads - 1) / kThreads; ++i) {
+      const int c = tid + i * kThreads, r = c / 8, kc = c % 8;
+      if (kChunks % kThreads != 0 && c >= kChunks) break;
+      const int row = m0 + r, k = k0 + kc * 8;
+      // Rows past M and columns past K are zero-filled (cp.async src size 0).
+      const int bytes = row < args.M ? max(0, min(16, (args.K - k) * 2)) : 0;
+      const T* src = bytes > 0 ? x + static_cast<int64_t>(row) * args.ldx + k : x;
+      cp_async16(xd + r * 128 + ((kc ^ (r & 7)) << 4), src, bytes);
+    }
+    if (active) cp_async16(stage_w(s) + tid, args.qweight + (static_cast<int64_t>(it) * n_blocks + nb) * 128 + lt, 16);
+    if (tid < 64) {
+      const int part = tid / 32, chunk = tid % 32, col = blockIdx.y * 128 + chunk * 4;
+      if (col < args.N_pad) {
+        const int group = args.group_shift < 0 ? 0 : (k0 + 32 * part) >> args.group_shift;
+        cp_async16(stage_sz(s) + part * 128 + chunk * 4,
+                   args.scale_zero + static_cast<int64_t>(group) * args.N_pad + col, 16);
+      }
+    }
+  };
+
+  float acc[kAcc];
+#pragma unroll
+  for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+
+#pragma unroll
+  for (int s = 0; s < kAhead; ++s) {
+    if (s < n) load_stage(s, it_begin + s);
+    cp_async_commit();
+  }
+  const int col0 = warp * 16 + g, col1 = col0 + 8;  // this lane's columns within the 64-column block
+  const bool one_group = args.group_shift < 0 || args.group_shift >= 6;
+  const uint32_t smem_base = smem_address(smem);
+
+  // One k-iteration (64 rows of K): dequantize this warp's 16 x 64 slice of
+  // W^T into the A fragments of four k16 steps, then four wgmma.
+  for (int j = 0; j < n; ++j) {
+    cp_async_wait<kAhead - 1>();
+    fence_proxy_async();
+    // Stage j is visible to all; every warpgroup has finished the wgmma of
+    // iteration j-1 (wait_group 0 below), so its slot can be refilled.
+    __syncthreads();
+    // An inactive warpgroup (past the last column block) computes on stale
+    // shared memory and stores nothing: branching around wgmma would make the
+    // compiler serialize every wgmma of the kernel (it cannot prove the branch
+    // uniform per warpgroup).
+    const int s = j % kStages;
+    const uint4 wq = stage_w(s)[tid];
+    const uint32_t* sz = stage_sz(s) + wg * 64;
+    const ColumnDequant<T> lo0 = column_dequant<T, kFloatZero>(sz[col0]);
+    const ColumnDequant<T> lo1 = column_dequant<T, kFloatZero>(sz[col1]);
+    const ColumnDequant<T> hi0 = one_group ? lo0 : column_dequant<T, kFloatZero>(sz[128 + col0]);
+    const ColumnDequant<T> hi1 = one_group ? lo1 : column_dequant<T, kFloatZero>(sz[128 + col1]);
+    uint32_t b[4][2][2], a[4][4];
+    dequant_word<T, kFloatZero>(wq.x, lo0, lo1, b[0][0], b[0][1]);
+    dequant_word<T, kFloatZero>(wq.y, lo0, lo1, b[1][0], b[1][1]);
+    dequant_word<T, kFloatZero>(wq.z, hi0, hi1, b[2][0], b[2][1]);
+    dequant_word<T, kFloatZero>(wq.w, hi0, hi1, b[3][0], b[3][1]);
+    // mma B fragment (k 2t..2t+1 / 2t+8..2t+9 of column g) = wgmma A fragment
+    // (row g / g+8 = column col0 / col1, k 2t.. / 2t+8..): a0 (g, k lo),
+    // a1 (g+8, k lo), a2 (g, k hi), a3 (g+8, k hi).
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      a[ks][0] = b[ks][0][0];
+      a[ks][1] = b[ks][1][0];
+      a[ks][2] = b[ks][0][1];
+      a[ks][3] = b[ks][1][1];
+    }
+    // All A registers are final before the wgmma batch starts: otherwise the
+    // compiler may sink parts of the dequantization between the wgmma
+    // instructions, and the assembler then serializes them.
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(a[ks][r])::"memory");
+    wgmma_fence();
+    fence_accumulators(acc);
+    const uint32_t x_addr = smem_base + s * S::kStageBytes;
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) Wgmma<kMTile, kBf16>::run(acc, a[ks], sw128_desc(x_addr + ks * 32));
+    wgmma_commit();
+    // The next loads go out while the tensor cores work (they target the slot
+    // of iteration j-1, which every warpgroup finished before the barrier).
+    const int next = j + kAhead;
+    if (next < n) load_stage(next % kStages, it_begin + next);
+    cp_async_commit();
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+  }
+  cp_async_wait<0>();
+
+  // Accumulator i*4 + e: W^T row g (+8 for e >= 2) = output column, x row
+  // 8i + 2t (+1 for odd e) = output row.
+  T* y = static_cast<T*>(args.y);
+  const int block_col = nb * 64;
+  auto for_each_output = [&](auto&& f) {
+    if (!active) return;
+#pragma unroll
+    for (int i = 0; i < kAcc / 4; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = m0 + 8 * i + 2 * t + (e & 1);
+        const int col = block_col + (e >= 2 ? col1 : col0);
+        if (row < args.M) f(row, col, acc[4 * i + e]);
+      }
+  };
+  if (args.split_k == 1) {
+    for_each_output([&](int row, int col, float v) {
+      if (col < args.N) y[static_cast<int64_t>(row) * args.ldy + col] = from_float<T>(v);
+    });
+    return;
+  }
+  float* partial = args.partial + static_cast<int64_t>(split) * args.M * args.N_pad;
+  for_each_output([&](int row, int col, float v) { __stcg(partial + static_cast<int64_t>(row) * args.N_pad + col, v); });
+  __threadfence();  // this thread's partials are visible device-wide before the count
+  __syncthreads();
+  int* counter = args.counters + blockIdx.y * gridDim.x + blockIdx.x;
+  if (tid == 0) last_cta = atomicAdd(counter, 1) == args.split_k - 1;
+  __syncthreads();
+  if (!last_cta) return;
+  __threadfence();
+  const int valid_rows = min(kMTile, args.M - m0);
+  for (int idx = tid; idx < valid_rows * 128; idx += kThreads) {
+    const int row = m0 + idx / 128, col = blockIdx.y * 128 + idx % 128;
+    if (col >= args.N) continue;
+    const int64_t offset = static_cast<int64_t>(row) * args.N_pad + col;
+    float sum = 0.0f;
+    for (int s = 0; s < args.split_k; ++s)  // fixed order: bitwise reproducible
+      sum += __ldcg(args.partial + static_cast<int64_t>(s) * args.M * args.N_pad + offset);
+    y[static_cast<int64_t>(row) * args.ldy + col] = from_float<T>(sum);
+  }
+  if (tid == 0) *counter = 0;  // ready for the next call
+#else
+  (void)args;  // built without sm_90a: wgmma_supported() keeps this from being launched
+#endif
+}
+
+__global__ void wgmma_probe_kernel(int* out) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  *out = 1;
+#else
+  *out = 0;
+#endif
+}
+
+template <typename T, int kMTile, bool kFloatZero>
+void launch_typed(const WgmmaArgs& args, cudaStream_t stream) {
+  auto kernel = w4a16_wgmma_kernel<T, kMTile, kFloatZero>;
+  static bool configured = false;  // per instantiation; the attribute is per device function
+  if (!configured) {
+    LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Smem<kMTile>::kBytes));
+    configured = true;
+  }
+  const dim3 grid(static_cast<unsigned>((args.M + kMTile - 1) / kMTile), static_cast<unsigned>((args.N_pad + 127) / 128),
+                  static_cast<unsigned>(args.split_k));
+  kernel<<<grid, kThreads, Smem<kMTile>::kBytes, stream>>>(args);
+  LOWBIT_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T, bool kFloatZero>
+void launch_rows(const WgmmaArgs& args, int rows_per_tile, cudaStream_t stream) {
+  switch (rows_per_tile) {
+    case 16: return launch_typed<T, 16, kFloatZero>(args, stream);
+    case 32: return launch_typed<T, 32, kFloatZero>(args, stream);
+    case 64: return launch_typed<T, 64, kFloatZero>(args, stream);
+    case 128: return launch_typed<T, 128, kFloatZero>(args, stream);
+    default: return launch_typed<T, 256, kFloatZero>(args, stream);
+  }
+}
+
+}  // namespace
+
+int wgmma_rows_per_tile(int64_t M) {
+  return M <= 16 ? 16 : (M <= 32 ? 32 : (M <= 64 ? 64 : (M <= 128 ? 128 : 256)));
+}
+
+bool wgmma_supported(int device) {
+  static int cached[64];  // 0 unknown, 1 no, 2 yes
+  if (device < 0 || device >= 64) return false;
+  if (cached[device] != 0) return cached[device] == 2;
+  cuda::DeviceGuard guard(device);
+  int cc_major = 0;
+  LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, device));
+  bool yes = false;
+  if (cc_major == 9) {  // sm_90a code runs only on compute capability 9.0
+    int* flag = nullptr;
+    LOWBIT_CUDA_CHECK(cudaMalloc(&flag, sizeof(int)));
+    LOWBIT_CUDA_CHECK(cudaMemset(flag, 0, sizeof(int)));
+    wgmma_probe_kernel<<<1, 1>>>(flag);
+    LOWBIT_CUDA_CHECK_LAUNCH();
+    int host = 0;
+    LOWBIT_CUDA_CHECK(cudaMemcpy(&host, flag, sizeof(int), cudaMemcpyDeviceToHost));
+    LOWBIT_CUDA_CHECK(cudaFree(flag));
+    yes = host == 1;
+  }
+  cached[device] = yes ? 2 : 1;
+  return yes;
+}
+
+int wgmma_ctas_per_sm(int rows_per_tile, bool bf16) {
+  int per_sm = 0;
+  auto query = [&](auto kernel, int smem_bytes) {
+    LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+    LOWBIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem_bytes));
+  };
+  switch (rows_per_tile) {
+    case 16:
+      bf16 ? query(w4a16_wgmma_kernel<__nv_bfloat16, 16, false>, Smem<16>::kBytes)
+           : query(w4a16_wgmma_kernel<half, 16, false>, Smem<16>::kBytes);
+      break;
+    case 32:
+      bf16 ? query(w4a16_wgmma_kernel<__nv_bfloat16, 32, false>, Smem<32>::kBytes)
+           : query(w4a16_wgmma_kernel<half, 32, false>, Smem<32>::kBytes);
+      break;
+    case 64:
+      bf16 ? query(w4a16_wgmma_kernel<__nv_bfloat16, 64, false>, Smem<64>::kBytes)
+           : query(w4a16_wgmma_kernel<half, 64, false>, Smem<64>::kBytes);
+      break;
+    case 128:
+      bf16 ? query(w4a16_wgmma_kernel<__nv_bfloat16, 128, false>, Smem<128>::kBytes)
+           : query(w4a16_wgmma_kernel<half, 128, false>, Smem<128>::kBytes);
+      break;
+    default:
+      bf16 ? query(w4a16_wgmma_kernel<__nv_bfloat16, 256, false>, Smem<256>::kBytes)
+           : query(w4a16_wgmma_kernel<half, 256, false>, Smem<256>::kBytes);
+  }
+  return std::max(1, per_sm);
+}
+
+void launch_wgmma(const WgmmaArgs& args, int rows_per_tile, bool bf16, bool float_zero, cudaStream_t stream) {
+  if (bf16) {
+    if (float_zero)
+      launch_rows<__nv_bfloat16, true>(args, rows_per_tile, stream);
+    else
+      launch_rows<__nv_bfloat16, false>(args, rows_per_tile, stream);
+  } else {
+    if (float_zero)
+      launch_rows<half, true>(args, rows_per_tile, stream);
+    else
+      launch_rows<half, false>(args, rows_per_tile, stream);
+  }
+}
+
+}  // namespace lowbit::w4a16_detail
