@@ -551,28 +551,41 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
   const bool bf16 = w.act_dtype() == DType::bf16;
   const int iters = static_cast<int>(w.K_padded() / 64);
   if (plan.strategy == W4A16Strategy::automatic) {
-    // Up to kAutoWgmmaMinM rows the fused mma.sync kernel streams the weights
-    // once and wins; from there the wgmma kernel (sm_90a) serves up to 256
-    // rows per weight read. Without sm_90a, above 64 rows, a tensor-core GEMM
-    // on dequantized weights beats re-reading the weights every 64 rows.
-    // Thresholds: the H100 measurements in docs/w4a16-gemm.md.
-    constexpr int64_t kAutoWgmmaMinM = 48;
-    if (M >= kAutoWgmmaMinM && w4a16_wgmma_available(w.device()))
+    // On sm_90a the wgmma kernel: at decode its 16-row tile beats the
+    // mma.sync kernels (no 16-row mma padding, two warpgroups per x tile),
+    // and above it serves up to 256 rows per weight read. Without sm_90a the
+    // fused mma.sync kernel up to 64 rows, then a tensor-core GEMM on
+    // dequantized weights (cheaper than re-reading the weights every 64 rows).
+    // The H100 measurements behind this: docs/w4a16-gemm.md.
+    if (w4a16_wgmma_available(w.device()))
       plan.strategy = W4A16Strategy::wgmma;
     else
       plan.strategy = M <= 64 ? W4A16Strategy::split_k_deterministic : W4A16Strategy::decoupled;
   }
   if (plan.strategy == W4A16Strategy::wgmma) {
-    plan.rows_per_pass = w4a16_detail::wgmma_rows_per_tile(M);
-    const int64_t tiles = (M + plan.rows_per_pass - 1) / plan.rows_per_pass *
-                          ((w.N_padded() + w4a16_detail::kWgmmaColsPerTile - 1) / w4a16_detail::kWgmmaColsPerTile);
+    const int r = options.rows_per_tile;
+    LOWBIT_CHECK_ARG(r == 0 || r == 16 || r == 32 || r == 64 || r == 128 || r == 256, "rows_per_tile", r,
+                     "0, 16, 32, 64, 128 or 256");
+    const int64_t col_tiles =
+        (w.N_padded() + w4a16_detail::kWgmmaColsPerTile - 1) / w4a16_detail::kWgmmaColsPerTile;
+    const int sms = sm_count(w.device());
+    auto tiles = [&](int rows) { return (M + rows - 1) / rows * col_tiles; };
+    if (r > 0) {
+      plan.rows_per_pass = r;
+    } else {
+      plan.rows_per_pass = w4a16_detail::wgmma_rows_per_tile(M);
+      // A tile of 128 or 256 rows that leaves SMs without a CTA is halved
+      // before K is split: the weights are re-read from L2 (cheap) instead of
+      // partial sums going through a reduction (slow at these tile sizes).
+      while (plan.rows_per_pass > 64 && tiles(plan.rows_per_pass) < sms) plan.rows_per_pass /= 2;
+    }
     // Fewer tiles than one wave of resident CTAs leaves SMs idle: split K
     // until the wave is full, keeping at least 4 k-iterations per CTA.
     int64_t choice = options.split_k;
     if (choice <= 0) {
-      const int64_t wave = static_cast<int64_t>(w4a16_detail::wgmma_ctas_per_sm(plan.rows_per_pass, bf16)) *
-                           sm_count(w.device());
-      choice = std::min<int64_t>(std::max<int64_t>(1, wave / tiles), std::max(1, iters / 4));
+      const int64_t wave =
+          static_cast<int64_t>(w4a16_detail::wgmma_ctas_per_sm(plan.rows_per_pass, bf16)) * sms;
+      choice = std::min<int64_t>(std::max<int64_t>(1, wave / tiles(plan.rows_per_pass)), std::max(1, iters / 4));
     }
     plan.split_k = static_cast<int>(std::clamp<int64_t>(choice, 1, iters));
     return plan;

@@ -23,8 +23,11 @@
 //     serializes every wgmma of a kernel in which registers of a wgmma operand
 //     are written while another wgmma is in flight (ptxas C7513, seen with
 //     double-buffered A registers and wait_group 1), which costs more than the
-//     overlap gains. The overlap comes from the other warpgroup(s) on the SM
-//     and from the cp.async loads issued while the batch runs.
+//     overlap gains. The overlap comes from the other warpgroup: stages are
+//     handed over through mbarriers (full: the cp.async of all 256 threads
+//     landed; empty: both warpgroups' wgmma finished reading), not a CTA-wide
+//     barrier per iteration, so the warpgroups drift apart by up to two
+//     iterations and one dequantizes while the other's wgmma runs.
 //   - Small grids (few column tiles at large K) split K over CTAs; the last
 //     CTA of a tile sums the partials in a fixed order (deterministic).
 #include "w4a16_wgmma.h"
@@ -43,9 +46,11 @@ namespace lowbit::w4a16_detail {
 namespace {
 
 constexpr int kThreads = 256;  // two warpgroups, 64 output columns each
-// Four slots: the one being computed on and three loads in flight.
-constexpr int kStages = 4;
-constexpr int kAhead = kStages - 1;
+// Five slots: three loads in flight ahead of the iteration being computed,
+// and one more so that a warpgroup may run up to two iterations ahead of the
+// other before it waits for a slot to be released.
+constexpr int kStages = 5;
+constexpr int kAhead = 3;
 
 template <int kMTile>
 struct Smem {
@@ -79,9 +84,29 @@ __device__ __forceinline__ void fence_accumulators(float (&d)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
-// cp.async writes are generic-proxy writes; wgmma reads through the async
-// proxy, so each writer orders the two before the barrier.
+// cp.async writes are generic-proxy writes and wgmma reads through the async
+// proxy: ordered by a proxy fence after the stage is known complete.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(count) : "memory");
+}
+// Spins until the phase with parity `parity` of the barrier has completed.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred p;\nLAB_WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@p bra DONE;\nbra LAB_WAIT;\nDONE:\n}\n" ::"r"(smem_address(bar)),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_address(bar)) : "memory");
+}
+// Arrives on the barrier once all of this thread's earlier cp.async landed.
+__device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_address(bar)) : "memory");
+}
 
 // Residency wanted: small tiles (decode) need several CTAs per SM to keep
 // enough weight bytes in flight; the 256-row tile holds 128 accumulators per
@@ -97,6 +122,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>) w4a16_wgmma_k
   constexpr int kAcc = kMTile / 2;
   extern __shared__ unsigned char smem_raw[];
   __shared__ int last_cta;
+  __shared__ uint64_t full[kStages], empty[kStages];  // per slot: loads landed / wgmma done reading
   unsigned char* smem = smem_raw + ((1024 - (smem_address(smem_raw) & 1023)) & 1023);
 
   const int tid = threadIdx.x, wg = tid / 128, lt = tid % 128, warp = lt / 32, lane = tid % 32;
@@ -146,11 +172,21 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>) w4a16_wgmma_k
 #pragma unroll
   for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
 
-#pragma unroll
-  for (int s = 0; s < kAhead; ++s) {
-    if (s < n) load_stage(s, it_begin + s);
-    cp_async_commit();
-  }
+  if (tid == 0)
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full[s], kThreads);   // every thread arrives once per fill (after its cp.async)
+      mbar_init(&empty[s], kThreads);  // every thread arrives once per use (after its wgmma)
+    }
+  __syncthreads();
+  // Fill i (local iteration) goes to slot i % kStages once the use of that
+  // slot by iteration i - kStages has been released by both warpgroups.
+  auto produce = [&](int i) {
+    const int s = i % kStages;
+    if (i >= kStages) mbar_wait(&empty[s], ((i / kStages) + 1) & 1);
+    load_stage(s, it_begin + i);
+    cp_async_arrive(&full[s]);
+  };
+  for (int i = 0; i < kAhead && i < n; ++i) produce(i);
   const int col0 = warp * 16 + g, col1 = col0 + 8;  // this lane's columns within the 64-column block
   const bool one_group = args.group_shift < 0 || args.group_shift >= 6;
   const uint32_t smem_base = smem_address(smem);
@@ -158,16 +194,13 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>) w4a16_wgmma_k
   // One k-iteration (64 rows of K): dequantize this warp's 16 x 64 slice of
   // W^T into the A fragments of four k16 steps, then four wgmma.
   for (int j = 0; j < n; ++j) {
-    cp_async_wait<kAhead - 1>();
+    const int s = j % kStages;
+    mbar_wait(&full[s], (j / kStages) & 1);
     fence_proxy_async();
-    // Stage j is visible to all; every warpgroup has finished the wgmma of
-    // iteration j-1 (wait_group 0 below), so its slot can be refilled.
-    __syncthreads();
     // An inactive warpgroup (past the last column block) computes on stale
     // shared memory and stores nothing: branching around wgmma would make the
     // compiler serialize every wgmma of the kernel (it cannot prove the branch
     // uniform per warpgroup).
-    const int s = j % kStages;
     const uint4 wq = stage_w(s)[tid];
     const uint32_t* sz = stage_sz(s) + wg * 64;
     const ColumnDequant<T> lo0 = column_dequant<T, kFloatZero>(sz[col0]);
@@ -202,15 +235,12 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>) w4a16_wgmma_k
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) Wgmma<kMTile, kBf16>::run(acc, a[ks], sw128_desc(x_addr + ks * 32));
     wgmma_commit();
-    // The next loads go out while the tensor cores work (they target the slot
-    // of iteration j-1, which every warpgroup finished before the barrier).
-    const int next = j + kAhead;
-    if (next < n) load_stage(next % kStages, it_begin + next);
-    cp_async_commit();
+    // The next loads go out while the tensor cores work.
+    if (j + kAhead < n) produce(j + kAhead);
     wgmma_wait<0>();
     fence_accumulators(acc);
+    mbar_arrive(&empty[s]);
   }
-  cp_async_wait<0>();
 
   // Accumulator i*4 + e: W^T row g (+8 for e >= 2) = output column, x row
   // 8i + 2t (+1 for odd e) = output row.
@@ -242,15 +272,39 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>) w4a16_wgmma_k
   __syncthreads();
   if (!last_cta) return;
   __threadfence();
-  const int valid_rows = min(kMTile, args.M - m0);
-  for (int idx = tid; idx < valid_rows * 128; idx += kThreads) {
-    const int row = m0 + idx / 128, col = blockIdx.y * 128 + idx % 128;
-    if (col >= args.N) continue;
-    const int64_t offset = static_cast<int64_t>(row) * args.N_pad + col;
-    float sum = 0.0f;
-    for (int s = 0; s < args.split_k; ++s)  // fixed order: bitwise reproducible
-      sum += __ldcg(args.partial + static_cast<int64_t>(s) * args.M * args.N_pad + offset);
-    y[static_cast<int64_t>(row) * args.ldy + col] = from_float<T>(sum);
+  // The last CTA's sum is a chain of L2 round trips: float4 loads, four per
+  // thread in flight per round, rather than one output at a time (which cost
+  // ~1 us per output per thread for the 256-row tile's 128 outputs each).
+  const int quads = min(kMTile, args.M - m0) * 32;  // float4 groups of the tile's 128 columns
+  const int64_t split_stride = static_cast<int64_t>(args.M) * args.N_pad;
+  for (int base = tid; base < quads; base += 4 * kThreads) {
+    float4 sum[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) sum[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int sp = 0; sp < args.split_k; ++sp)  // fixed order: bitwise reproducible
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int q = base + u * kThreads;
+        const int row = m0 + q / 32, col = blockIdx.y * 128 + (q % 32) * 4;
+        if (q < quads && col < args.N_pad) {
+          const float4 v = __ldcg(reinterpret_cast<const float4*>(args.partial + sp * split_stride +
+                                                                  static_cast<int64_t>(row) * args.N_pad + col));
+          sum[u].x += v.x;
+          sum[u].y += v.y;
+          sum[u].z += v.z;
+          sum[u].w += v.w;
+        }
+      }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int q = base + u * kThreads;
+      const int row = m0 + q / 32, col = blockIdx.y * 128 + (q % 32) * 4;
+      if (q >= quads) continue;
+      const float v[4] = {sum[u].x, sum[u].y, sum[u].z, sum[u].w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (col + e < args.N) y[static_cast<int64_t>(row) * args.ldy + col + e] = from_float<T>(v[e]);
+    }
   }
   if (tid == 0) *counter = 0;  // ready for the next call
 #else

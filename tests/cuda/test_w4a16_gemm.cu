@@ -201,7 +201,7 @@ TEST(W4A16Gemm, WgmmaRunsOnComputeCapability9) {
   const auto layer = test::random_layer(256, 64, 64, ZeroKind::sym, 3);
   const W4A16Weights w = W4A16Weights::prepare(layer, DType::f16);
   EXPECT_EQ(w4a16_plan(256, w).strategy, W4A16Strategy::wgmma);
-  EXPECT_EQ(w4a16_plan(1, w).strategy, W4A16Strategy::split_k_deterministic);
+  EXPECT_EQ(w4a16_plan(1, w).strategy, W4A16Strategy::wgmma);
 }
 
 TEST(W4A16Gemm, WgmmaLargeMAndDeterministicSplits) {
@@ -224,6 +224,37 @@ TEST(W4A16Gemm, WgmmaLargeMAndDeterministicSplits) {
         }
       }
     }
+}
+
+TEST(W4A16Gemm, WgmmaEveryTileAndOddColumnBlocks) {
+  LOWBIT_REQUIRE_GPU();
+  if (!w4a16_wgmma_available()) GTEST_SKIP() << "no sm_90a device/build (WgmmaRunsOnComputeCapability9 checks)";
+  W4A16Workspace ws;
+  // N = 200 pads to 256 (two full column tiles); N = 136 pads to 192 (the
+  // second tile has one 64-column block: its other warpgroup stores nothing).
+  uint64_t seed = 90;
+  for (int64_t N : {200, 136}) {
+    const auto layer = test::random_layer(576, N, 32, ZeroKind::asym, seed++);
+    for (DType dtype : {DType::f16, DType::bf16}) {
+      const W4A16Weights w = W4A16Weights::prepare(layer, dtype);
+      for (int64_t M : {1, 40, 100, 300}) {
+        const Problem p = make_problem(M, layer, dtype, seed++);
+        for (int rows : {16, 32, 64, 128, 256})
+          for (int split : {1, 4}) {
+            SCOPED_TRACE(testing::Message() << "N=" << N << " " << dtype_name(dtype) << " M=" << M << " rows " << rows
+                                            << " split " << split);
+            W4A16Options o{W4A16Strategy::wgmma, split};
+            o.rows_per_tile = rows;
+            EXPECT_TRUE(matches_reference(p, run_gpu(p, w, ws, o)));
+          }
+      }
+    }
+  }
+  W4A16Options bad{W4A16Strategy::wgmma, 0};
+  bad.rows_per_tile = 48;
+  const auto layer = test::random_layer(128, 64, 64, ZeroKind::sym, 1);
+  const W4A16Weights w = W4A16Weights::prepare(layer, DType::f16);
+  EXPECT_TRUE(test::throws_error([&] { (void)w4a16_plan(4, w, bad); }, ErrorKind::invalid_argument, {"rows_per_tile"}));
 }
 
 TEST(W4A16Gemm, BadArgumentsAreNamed) {

@@ -116,6 +116,9 @@ class W4A16Workspace {
 struct W4A16Options {
   W4A16Strategy strategy = W4A16Strategy::automatic;
   int split_k = 0;  // 0: chosen from the shape and SM count
+  // wgmma only: rows of M per CTA tile, 16, 32, 64, 128 or 256; 0: chosen
+  // from M, N and the SM count. For tests and tuning sweeps.
+  int rows_per_tile = 0;
 };
 
 // What a call runs: the strategy, the K split and the rows per pass.
