@@ -570,15 +570,10 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
         (w.N_padded() + w4a16_detail::kWgmmaColsPerTile - 1) / w4a16_detail::kWgmmaColsPerTile;
     const int sms = sm_count(w.device());
     auto tiles = [&](int rows) { return (M + rows - 1) / rows * col_tiles; };
-    if (r > 0) {
-      plan.rows_per_pass = r;
-    } else {
-      plan.rows_per_pass = w4a16_detail::wgmma_rows_per_tile(M);
-      // A tile of 128 or 256 rows that leaves SMs without a CTA is halved
-      // before K is split: the weights are re-read from L2 (cheap) instead of
-      // partial sums going through a reduction (slow at these tile sizes).
-      while (plan.rows_per_pass > 64 && tiles(plan.rows_per_pass) < sms) plan.rows_per_pass /= 2;
-    }
+    // The smallest tile that holds M up to 256 rows (larger M: 256-row
+    // tiles). Measured on the H100 (docs/w4a16-gemm.md): halving 128/256-row
+    // tiles to fill the SMs instead of splitting K was slower at M = 128/256.
+    plan.rows_per_pass = r > 0 ? r : w4a16_detail::wgmma_rows_per_tile(M);
     // Fewer tiles than one wave of resident CTAs leaves SMs idle: split K
     // until the wave is full, keeping at least 4 k-iterations per CTA.
     int64_t choice = options.split_k;

@@ -17,27 +17,36 @@
 //     stage holds 64 rows of K = 128 bytes per row of x, stored with the
 //     128-byte swizzle (16-byte chunk c of row r at chunk c ^ (r % 8)) that the
 //     shared-memory descriptor names, so the tensor cores read it without bank
-//     conflicts; cp.async writes it (no tensor map needed).
+//     conflicts. One thread fills a stage with the copy engine: a TMA tile
+//     load of x (the tensor map applies the swizzle and zero-fills rows past M
+//     and columns past K) and 1-D bulk copies of the stage's 2-4 KB of weights
+//     and scale/zero pairs, all completing on the stage's mbarrier. (The first
+//     version had all 256 threads issue cp.async; the H100 profile showed ~900
+//     issued instructions per warp and iteration at M = 1, mostly that address
+//     arithmetic and the zero-filling of rows past M.)
 //   - Two warpgroups (128 columns) share each x tile. Each waits for its own
 //     wgmma batch before dequantizing the next iteration: the assembler
 //     serializes every wgmma of a kernel in which registers of a wgmma operand
 //     are written while another wgmma is in flight (ptxas C7513, seen with
 //     double-buffered A registers and wait_group 1), which costs more than the
 //     overlap gains. The overlap comes from the other warpgroup: stages are
-//     handed over through mbarriers (full: the cp.async of all 256 threads
-//     landed; empty: both warpgroups' wgmma finished reading), not a CTA-wide
+//     handed over through mbarriers (full: the stage's bytes landed; empty:
+//     both warpgroups' wgmma finished reading), not a CTA-wide
 //     barrier per iteration, so the warpgroups drift apart by up to two
 //     iterations and one dequantizes while the other's wgmma runs.
 //   - Small grids (few column tiles at large K) split K over CTAs; the last
 //     CTA of a tile sums the partials in a fixed order (deterministic).
 #include "w4a16_wgmma.h"
 
+#include <cuda.h>  // CUtensorMap (the encoder is fetched through the runtime: no libcuda link)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cudaTypedefs.h>
 
 #include <algorithm>
 #include <type_traits>
 
+#include "lowbit/core/error.h"
 #include "lowbit/cuda/check.h"
 #include "w4a16_device.cuh"
 #include "wgmma_ops.cuh"
@@ -84,10 +93,6 @@ __device__ __forceinline__ void fence_accumulators(float (&d)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
-// cp.async writes are generic-proxy writes and wgmma reads through the async
-// proxy: ordered by a proxy fence after the stage is known complete.
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
 __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(count) : "memory");
 }
@@ -103,9 +108,25 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_address(bar)) : "memory");
 }
-// Arrives on the barrier once all of this thread's earlier cp.async landed.
-__device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_address(bar)) : "memory");
+// Arrives once and adds `bytes` to the transactions the phase waits for.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_address(bar)), "r"(bytes)
+               : "memory");
+}
+// TMA: the box {64 columns, rows} of x at (k0, m0) into dst, completing on bar.
+__device__ __forceinline__ void tma_load_x(void* dst, const CUtensorMap* map, int k0, int m0, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::
+          "r"(smem_address(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(k0), "r"(m0), "r"(smem_address(bar))
+      : "memory");
+}
+// 1-D bulk copy of `bytes` (a multiple of 16, both addresses 16-byte aligned).
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   smem_address(dst)),
+               "l"(src), "r"(bytes), "r"(smem_address(bar))
+               : "memory");
 }
 
 // Residency wanted: small tiles (decode) need several CTAs per SM to keep
@@ -115,7 +136,8 @@ template <int kMTile>
 constexpr int kMinCtasPerSm = kMTile == 256 ? 1 : (kMTile >= 64 ? 2 : 4);
 
 template <typename T, int kMTile, bool kFloatZero>
-__global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>) w4a16_wgmma_kernel(const WgmmaArgs args) {
+__global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>) w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap x_map,
+                                                                             const WgmmaArgs args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using S = Smem<kMTile>;
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
@@ -135,37 +157,11 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>) w4a16_wgmma_k
   const int it_begin = static_cast<int>(static_cast<int64_t>(split) * args.iters / args.split_k);
   const int it_end = static_cast<int>(static_cast<int64_t>(split + 1) * args.iters / args.split_k);
   const int n = it_end - it_begin;
-  const T* x = static_cast<const T*>(args.x);
 
   auto stage_x = [&](int s) { return smem + s * S::kStageBytes; };
   auto stage_w = [&](int s) { return reinterpret_cast<uint4*>(smem + s * S::kStageBytes + S::kXBytes); };
   auto stage_sz = [&](int s) {
     return reinterpret_cast<uint32_t*>(smem + s * S::kStageBytes + S::kXBytes + S::kWBytes);
-  };
-
-  auto load_stage = [&](int s, int it) {
-    const int k0 = it * 64;
-    unsigned char* xd = stage_x(s);
-    constexpr int kChunks = kMTile * 8;  // 16-byte chunks of the x tile
-#pragma unroll
-    for (int i = 0; i < (kChunks + kThreads - 1) / kThreads; ++i) {
-      const int c = tid + i * kThreads, r = c / 8, kc = c % 8;
-      if (kChunks % kThreads != 0 && c >= kChunks) break;
-      const int row = m0 + r, k = k0 + kc * 8;
-      // Rows past M and columns past K are zero-filled (cp.async src size 0).
-      const int bytes = row < args.M ? max(0, min(16, (args.K - k) * 2)) : 0;
-      const T* src = bytes > 0 ? x + static_cast<int64_t>(row) * args.ldx + k : x;
-      cp_async16(xd + r * 128 + ((kc ^ (r & 7)) << 4), src, bytes);
-    }
-    if (active) cp_async16(stage_w(s) + tid, args.qweight + (static_cast<int64_t>(it) * n_blocks + nb) * 128 + lt, 16);
-    if (tid < 64) {
-      const int part = tid / 32, chunk = tid % 32, col = blockIdx.y * 128 + chunk * 4;
-      if (col < args.N_pad) {
-        const int group = args.group_shift < 0 ? 0 : (k0 + 32 * part) >> args.group_shift;
-        cp_async16(stage_sz(s) + part * 128 + chunk * 4,
-                   args.scale_zero + static_cast<int64_t>(group) * args.N_pad + col, 16);
-      }
-    }
   };
 
   float acc[kAcc];
@@ -174,19 +170,32 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>) w4a16_wgmma_k
 
   if (tid == 0)
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(&full[s], kThreads);   // every thread arrives once per fill (after its cp.async)
+      mbar_init(&full[s], 1);          // the producer's arrive + the stage's transaction bytes
       mbar_init(&empty[s], kThreads);  // every thread arrives once per use (after its wgmma)
     }
   __syncthreads();
-  // Fill i (local iteration) goes to slot i % kStages once the use of that
-  // slot by iteration i - kStages has been released by both warpgroups.
+  // Thread 0 fills stage i (local iteration) into slot i % kStages once the
+  // use of that slot by iteration i - kStages has been released by both
+  // warpgroups. Weights of the tile's (one or two) column blocks are
+  // contiguous, and so are a group's scale/zero pairs of those columns.
+  const int tile_blocks = min(2, n_blocks - static_cast<int>(blockIdx.y) * 2);
+  const uint32_t w_bytes = tile_blocks * 128 * 16, sz_bytes = tile_blocks * 64 * 4;
   auto produce = [&](int i) {
-    const int s = i % kStages;
+    const int s = i % kStages, it = it_begin + i, k0 = it * 64;
     if (i >= kStages) mbar_wait(&empty[s], ((i / kStages) + 1) & 1);
-    load_stage(s, it_begin + i);
-    cp_async_arrive(&full[s]);
+    mbar_arrive_expect_tx(&full[s], S::kXBytes + w_bytes + 2 * sz_bytes);
+    tma_load_x(stage_x(s), &x_map, k0, m0, &full[s]);
+    bulk_load(stage_w(s), args.qweight + (static_cast<int64_t>(it) * n_blocks + blockIdx.y * 2) * 128, w_bytes,
+              &full[s]);
+#pragma unroll
+    for (int part = 0; part < 2; ++part) {  // the groups of rows k0 and k0 + 32
+      const int group = args.group_shift < 0 ? 0 : (k0 + 32 * part) >> args.group_shift;
+      bulk_load(stage_sz(s) + part * 128, args.scale_zero + static_cast<int64_t>(group) * args.N_pad + blockIdx.y * 128,
+                sz_bytes, &full[s]);
+    }
   };
-  for (int i = 0; i < kAhead && i < n; ++i) produce(i);
+  if (tid == 0)
+    for (int i = 0; i < kAhead && i < n; ++i) produce(i);
   const int col0 = warp * 16 + g, col1 = col0 + 8;  // this lane's columns within the 64-column block
   const bool one_group = args.group_shift < 0 || args.group_shift >= 6;
   const uint32_t smem_base = smem_address(smem);
@@ -195,8 +204,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>) w4a16_wgmma_k
   // W^T into the A fragments of four k16 steps, then four wgmma.
   for (int j = 0; j < n; ++j) {
     const int s = j % kStages;
-    mbar_wait(&full[s], (j / kStages) & 1);
-    fence_proxy_async();
+    mbar_wait(&full[s], (j / kStages) & 1);  // TMA writes and wgmma reads are both async proxy: no fence
     // An inactive warpgroup (past the last column block) computes on stale
     // shared memory and stores nothing: branching around wgmma would make the
     // compiler serialize every wgmma of the kernel (it cannot prove the branch
@@ -236,7 +244,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>) w4a16_wgmma_k
     for (int ks = 0; ks < 4; ++ks) Wgmma<kMTile, kBf16>::run(acc, a[ks], sw128_desc(x_addr + ks * 32));
     wgmma_commit();
     // The next loads go out while the tensor cores work.
-    if (j + kAhead < n) produce(j + kAhead);
+    if (tid == 0 && j + kAhead < n) produce(j + kAhead);
     wgmma_wait<0>();
     fence_accumulators(acc);
     mbar_arrive(&empty[s]);
@@ -320,6 +328,33 @@ __global__ void wgmma_probe_kernel(int* out) {
 #endif
 }
 
+// The tensor map of x for one call: [M rows, K columns] of 16-bit values,
+// row pitch ldx, box 64 columns (128 bytes: the swizzle span) x `rows`.
+CUtensorMap x_tensor_map(const WgmmaArgs& a, int rows, bool bf16) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+  if (encode == nullptr) {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult status{};
+    LOWBIT_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &status));
+    if (status != cudaDriverEntryPointSuccess || fn == nullptr)
+      fail(ErrorKind::unsupported, "W4A16 wgmma: the CUDA driver has no cuTensorMapEncodeTiled");
+    encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(a.K), static_cast<cuuint64_t>(a.M)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(a.ldx) * 2};
+  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(rows)};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult r = encode(&map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+                            const_cast<void*>(a.x), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    fail(ErrorKind::invalid_argument, "W4A16 wgmma: cannot describe x [", a.M, ", ", a.K, "] with row stride ", a.ldx,
+         " to the copy engine (CUresult ", static_cast<int>(r), "): rows must be 16-byte aligned");
+  return map;
+}
+
 template <typename T, int kMTile, bool kFloatZero>
 void launch_typed(const WgmmaArgs& args, cudaStream_t stream) {
   auto kernel = w4a16_wgmma_kernel<T, kMTile, kFloatZero>;
@@ -328,9 +363,10 @@ void launch_typed(const WgmmaArgs& args, cudaStream_t stream) {
     LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Smem<kMTile>::kBytes));
     configured = true;
   }
+  const CUtensorMap map = x_tensor_map(args, kMTile, std::is_same_v<T, __nv_bfloat16>);
   const dim3 grid(static_cast<unsigned>((args.M + kMTile - 1) / kMTile), static_cast<unsigned>((args.N_pad + 127) / 128),
                   static_cast<unsigned>(args.split_k));
-  kernel<<<grid, kThreads, Smem<kMTile>::kBytes, stream>>>(args);
+  kernel<<<grid, kThreads, Smem<kMTile>::kBytes, stream>>>(map, args);
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
 
