@@ -557,7 +557,12 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
     // fused mma.sync kernel up to 64 rows, then a tensor-core GEMM on
     // dequantized weights (cheaper than re-reading the weights every 64 rows).
     // The H100 measurements behind this: docs/w4a16-gemm.md.
-    if (w4a16_wgmma_available(w.device()))
+    // Above 256 rows the decoupled GEMM (dequantize once, then cuBLAS at full
+    // tensor-core rate) beat the wgmma kernel on all nine H100 shapes at
+    // M = 1024 (0.74x vs 0.38-0.62x cuBLAS), while the wgmma kernel won every
+    // shape up to M = 256.
+    constexpr int64_t kAutoWgmmaMaxM = 256;
+    if (M <= kAutoWgmmaMaxM && w4a16_wgmma_available(w.device()))
       plan.strategy = W4A16Strategy::wgmma;
     else
       plan.strategy = M <= 64 ? W4A16Strategy::split_k_deterministic : W4A16Strategy::decoupled;

@@ -202,6 +202,7 @@ TEST(W4A16Gemm, WgmmaRunsOnComputeCapability9) {
   const W4A16Weights w = W4A16Weights::prepare(layer, DType::f16);
   EXPECT_EQ(w4a16_plan(256, w).strategy, W4A16Strategy::wgmma);
   EXPECT_EQ(w4a16_plan(1, w).strategy, W4A16Strategy::wgmma);
+  EXPECT_EQ(w4a16_plan(1024, w).strategy, W4A16Strategy::decoupled);
 }
 
 TEST(W4A16Gemm, WgmmaLargeMAndDeterministicSplits) {
