@@ -552,20 +552,29 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
   const int iters = static_cast<int>(w.K_padded() / 64);
   if (plan.strategy == W4A16Strategy::automatic) {
     // On sm_90a the wgmma kernel: at decode its 16-row tile beats the
-    // mma.sync kernels (no 16-row mma padding, two warpgroups per x tile),
-    // and above it serves up to 256 rows per weight read. Without sm_90a the
-    // fused mma.sync kernel up to 64 rows, then a tensor-core GEMM on
-    // dequantized weights (cheaper than re-reading the weights every 64 rows).
+    // mma.sync kernels (no 16-row mma padding, two warpgroups per x tile,
+    // copy-engine loads), and above it serves up to 256 rows per weight read.
+    // Above 512 rows it runs 256-row tiles one CTA per SM, so a grid that
+    // fills its last wave poorly (e.g. 160 tiles on 132 SMs: 61%) loses to
+    // the decoupled GEMM (dequantize once, cuBLAS at full rate), which wins
+    // there at M = 1024 (0.74x vs 0.62x cuBLAS on the 5120-column layers)
+    // while wgmma wins the others (0.78-0.94x vs 0.74-0.83x).
+    // Without sm_90a: the fused mma.sync kernel up to 64 rows, then the
+    // decoupled GEMM (cheaper than re-reading the weights every 64 rows).
     // The H100 measurements behind this: docs/w4a16-gemm.md.
-    // Above 256 rows the decoupled GEMM (dequantize once, then cuBLAS at full
-    // tensor-core rate) beat the wgmma kernel on all nine H100 shapes at
-    // M = 1024 (0.74x vs 0.38-0.62x cuBLAS), while the wgmma kernel won every
-    // shape up to M = 256.
-    constexpr int64_t kAutoWgmmaMaxM = 256;
-    if (M <= kAutoWgmmaMaxM && w4a16_wgmma_available(w.device()))
+    if (w4a16_wgmma_available(w.device())) {
       plan.strategy = W4A16Strategy::wgmma;
-    else
+      if (M > 512) {
+        const int rows = w4a16_detail::wgmma_rows_per_tile(M);
+        const int64_t tiles = (M + rows - 1) / rows *
+                              ((w.N_padded() + w4a16_detail::kWgmmaColsPerTile - 1) / w4a16_detail::kWgmmaColsPerTile);
+        const int64_t wave = static_cast<int64_t>(w4a16_detail::wgmma_ctas_per_sm(rows, bf16)) * sm_count(w.device());
+        const double filled = static_cast<double>(tiles) / static_cast<double>((tiles + wave - 1) / wave * wave);
+        if (filled < 0.75) plan.strategy = W4A16Strategy::decoupled;
+      }
+    } else {
       plan.strategy = M <= 64 ? W4A16Strategy::split_k_deterministic : W4A16Strategy::decoupled;
+    }
   }
   if (plan.strategy == W4A16Strategy::wgmma) {
     const int r = options.rows_per_tile;

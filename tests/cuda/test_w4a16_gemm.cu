@@ -202,7 +202,11 @@ TEST(W4A16Gemm, WgmmaRunsOnComputeCapability9) {
   const W4A16Weights w = W4A16Weights::prepare(layer, DType::f16);
   EXPECT_EQ(w4a16_plan(256, w).strategy, W4A16Strategy::wgmma);
   EXPECT_EQ(w4a16_plan(1, w).strategy, W4A16Strategy::wgmma);
+  // M > 512: wgmma when its 256-row tiles fill the waves of the device,
+  // decoupled when they do not (here: 4 tiles).
   EXPECT_EQ(w4a16_plan(1024, w).strategy, W4A16Strategy::decoupled);
+  const W4A16Weights big = W4A16Weights::random(1024, 33792, 128, DType::f16, 5);  // 264 column tiles
+  EXPECT_EQ(w4a16_plan(1024, big).strategy, W4A16Strategy::wgmma);
 }
 
 TEST(W4A16Gemm, WgmmaLargeMAndDeterministicSplits) {
