@@ -1,6 +1,7 @@
 // W4A16 GEMM kernels: y[M, N] = x[M, K] * dequant(W), weights in lowbit's
 // tiled layout (lowbit/w4a16/w4a16_layout.h), fp32 accumulation on tensor
-// cores (mma.sync.m16n8k16, sm_80 and later; also the path Hopper runs).
+// cores (mma.sync.m16n8k16, sm_80 and later; on sm_90a `auto` prefers the
+// wgmma kernel of w4a16_wgmma.cu), and the host side of every strategy.
 //
 // One CTA = 4 warps = one block of 64 output columns x up to 64 rows of M,
 // over a range of k-iterations (64 rows of K each). Per stage (2 iterations)
@@ -558,7 +559,7 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
     // fills its last wave poorly (e.g. 160 tiles on 132 SMs: 61%) loses to
     // the decoupled GEMM (dequantize once, cuBLAS at full rate), which wins
     // there at M = 1024 (0.74x vs 0.62x cuBLAS on the 5120-column layers)
-    // while wgmma wins the others (0.78-0.94x vs 0.74-0.83x).
+    // while wgmma wins or ties the others.
     // Without sm_90a: the fused mma.sync kernel up to 64 rows, then the
     // decoupled GEMM (cheaper than re-reading the weights every 64 rows).
     // The H100 measurements behind this: docs/w4a16-gemm.md.
