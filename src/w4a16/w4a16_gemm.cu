@@ -590,16 +590,12 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
     // tiles to fill the SMs instead of splitting K was slower at M = 128/256.
     plan.rows_per_pass = r > 0 ? r : w4a16_detail::wgmma_rows_per_tile(M);
     // Fewer tiles than one wave of resident CTAs leaves SMs idle: split K
-    // until the wave is about full, keeping at least 4 k-iterations per CTA.
-    // Rounded to nearest, not down: 272 column tiles on 528 resident CTAs
-    // (qwen3-gateup at M = 1) would otherwise run at split 1 on half the
-    // residency (48% of copy bandwidth measured).
+    // until the wave is full, keeping at least 4 k-iterations per CTA.
     int64_t choice = options.split_k;
     if (choice <= 0) {
       const int64_t wave =
           static_cast<int64_t>(w4a16_detail::wgmma_ctas_per_sm(plan.rows_per_pass, bf16)) * sms;
-      const int64_t t = tiles(plan.rows_per_pass);
-      choice = std::min<int64_t>(std::max<int64_t>(1, (wave + t / 2) / t), std::max(1, iters / 4));
+      choice = std::min<int64_t>(std::max<int64_t>(1, wave / tiles(plan.rows_per_pass)), std::max(1, iters / 4));
     }
     plan.split_k = static_cast<int>(std::clamp<int64_t>(choice, 1, iters));
     return plan;

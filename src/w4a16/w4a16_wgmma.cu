@@ -411,19 +411,6 @@ bool wgmma_supported(int device) {
 }
 
 int wgmma_ctas_per_sm(int rows_per_tile, bool bf16) {
-  // Cached per device, tile and dtype: w4a16_plan runs on every call, and two
-  // runtime queries per call cost microseconds of host time, which the GPU
-  // waits for at the smallest layers.
-  static int cached[16][5][2];  // 0: not yet queried
-  int device = 0;
-  LOWBIT_CUDA_CHECK(cudaGetDevice(&device));
-  const int tile_index = rows_per_tile == 16    ? 0
-                         : rows_per_tile == 32  ? 1
-                         : rows_per_tile == 64  ? 2
-                         : rows_per_tile == 128 ? 3
-                                                : 4;
-  int* slot = device < 16 ? &cached[device][tile_index][bf16 ? 1 : 0] : nullptr;
-  if (slot != nullptr && *slot != 0) return *slot;
   int per_sm = 0;
   auto query = [&](auto kernel, int smem_bytes) {
     LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
@@ -450,9 +437,7 @@ int wgmma_ctas_per_sm(int rows_per_tile, bool bf16) {
       bf16 ? query(w4a16_wgmma_kernel<__nv_bfloat16, 256, false>, Smem<256>::kBytes)
            : query(w4a16_wgmma_kernel<half, 256, false>, Smem<256>::kBytes);
   }
-  per_sm = std::max(1, per_sm);
-  if (slot != nullptr) *slot = per_sm;
-  return per_sm;
+  return std::max(1, per_sm);
 }
 
 void launch_wgmma(const WgmmaArgs& args, int rows_per_tile, bool bf16, bool float_zero, cudaStream_t stream) {
