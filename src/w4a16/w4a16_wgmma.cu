@@ -60,6 +60,7 @@ constexpr int kThreads = 256;  // two warpgroups, 64 output columns each
 // other before it waits for a slot to be released.
 constexpr int kStages = 5;
 constexpr int kAhead = 3;
+static_assert(kAhead < kStages - 1, "a warpgroup must be able to run ahead of the other by one slot at least");
 
 template <int kMTile>
 struct Smem {
@@ -70,6 +71,11 @@ struct Smem {
   static_assert(kStageBytes % 1024 == 0, "x tiles must stay 1024-byte aligned (the swizzle atom)");
   static constexpr int kBytes = kStages * kStageBytes + 1024;  // + slack to align the base
 };
+
+// The device helpers below exist only where the kernel body does (sm_90a
+// device code; the host pass sees them too): an sm_80 pass would otherwise
+// warn that they are never referenced.
+#if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
 // Shared-memory matrix descriptor for a K-major tile with the 128-byte
 // swizzle: start address >> 4 (bits 0-13), leading byte offset (unused for
@@ -128,6 +134,8 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
                "l"(src), "r"(bytes), "r"(smem_address(bar))
                : "memory");
 }
+
+#endif  // !__CUDA_ARCH__ || __CUDA_ARCH_FEAT_SM90_ALL
 
 // Residency wanted: small tiles (decode) need several CTAs per SM to keep
 // enough weight bytes in flight; the 256-row tile holds 128 accumulators per
