@@ -61,10 +61,10 @@ void run_w4a16_gemm_benchmark(const W4A16BenchOptions& options) {
   cuda::CudaTimerOptions timer;
   timer.reps = options.reps;
   timer.warmup = 5;
-  const W4A16Strategy strategies[] = {W4A16Strategy::automatic, W4A16Strategy::data_parallel,
-                                      W4A16Strategy::split_k_atomic, W4A16Strategy::split_k_deterministic,
-                                      W4A16Strategy::stream_k,
-                                      W4A16Strategy::decoupled};
+  std::vector<W4A16Strategy> strategies = {W4A16Strategy::automatic,     W4A16Strategy::data_parallel,
+                                           W4A16Strategy::split_k_atomic, W4A16Strategy::split_k_deterministic,
+                                           W4A16Strategy::stream_k,       W4A16Strategy::decoupled};
+  if (w4a16_wgmma_available(0)) strategies.push_back(W4A16Strategy::wgmma);
   // impl -> M -> sum of log(speedup), count
   std::map<std::string, std::map<int64_t, std::pair<double, int>>> speedups;
   std::vector<std::string> m1_bandwidth;
@@ -96,24 +96,35 @@ void run_w4a16_gemm_benchmark(const W4A16BenchOptions& options) {
       std::printf("%-15s M=%-5lld cublas_fp16 %9.1f us\n", shape.label, static_cast<long long>(M), cublas_us);
       const TensorView xv = TensorView::contiguous(x.data(), options.dtype, {M, shape.K}, Device::cuda);
       const TensorView yv = TensorView::contiguous(y.data(), options.dtype, {M, shape.N}, Device::cuda);
-      for (W4A16Strategy strategy : strategies) {
-        const W4A16Options options{strategy, 0};
+      // Every strategy under its own name, then the forced wgmma tiles.
+      std::vector<std::pair<std::string, W4A16Options>> configs;
+      for (W4A16Strategy strategy : strategies)
+        configs.emplace_back(std::string("lowbit_") + w4a16_strategy_name(strategy), W4A16Options{strategy, 0});
+      for (int rows : options.wgmma_tiles) {
+        if (strategies.back() != W4A16Strategy::wgmma || rows > 2 * std::max<int64_t>(M, 8)) continue;
+        W4A16Options o{W4A16Strategy::wgmma, 0};
+        o.rows_per_tile = rows;
+        configs.emplace_back("lowbit_wgmma_r" + std::to_string(rows), o);
+      }
+      for (const auto& [impl, config] : configs) {
+        const W4A16Options options = config;
         const W4A16Plan plan = w4a16_plan(M, w, options);
         bench::BenchRow row = base;
-        row.impl = std::string("lowbit_") + w4a16_strategy_name(strategy);
+        row.impl = impl;
         row.bytes = w.weight_bytes() + io_bytes;
         row.stats = cuda::time_cuda([&](cudaStream_t s) { w4a16_gemm(xv, w, yv, workspace, options, s); }, timer);
         const double speedup = cublas_us / row.stats.median_us;
         row.extra = {{"plan", w4a16_strategy_name(plan.strategy)}, {"split_k", plan.split_k},
-                     {"cublas_us", cublas_us}, {"speedup_vs_cublas", speedup}};
+                     {"rows_per_pass", plan.rows_per_pass}, {"cublas_us", cublas_us},
+                     {"speedup_vs_cublas", speedup}};
         if (json) json->write(row);
         auto& acc = speedups[row.impl][M];
         acc.first += std::log(speedup);
         acc.second += 1;
-        std::printf("%-15s M=%-5lld %-30s %9.1f us  %6.0f GB/s  %5.2fx cuBLAS  (%s, split %d)\n", shape.label,
-                    static_cast<long long>(M), row.impl.c_str(), row.stats.median_us, row.GBps(), speedup,
-                    w4a16_strategy_name(plan.strategy), plan.split_k);
-        if (M == 1 && strategy == W4A16Strategy::automatic) {
+        std::printf("%-15s M=%-5lld %-30s %9.1f us  %6.0f GB/s  %5.2fx cuBLAS  (%s, split %d, rows %d)\n",
+                    shape.label, static_cast<long long>(M), row.impl.c_str(), row.stats.median_us, row.GBps(), speedup,
+                    w4a16_strategy_name(plan.strategy), plan.split_k, plan.rows_per_pass);
+        if (M == 1 && options.strategy == W4A16Strategy::automatic) {
           char line[200];
           std::snprintf(line, sizeof line, "  %-15s %8.1f us  %6.0f GB/s = %4.1f%% of copy", shape.label,
                         row.stats.median_us, row.GBps(), 100.0 * row.GBps() / copy_GBps);

@@ -1,6 +1,7 @@
 // W4A16 GEMM kernels: y[M, N] = x[M, K] * dequant(W), weights in lowbit's
 // tiled layout (lowbit/w4a16/w4a16_layout.h), fp32 accumulation on tensor
-// cores (mma.sync.m16n8k16, sm_80 and later; also the path Hopper runs).
+// cores (mma.sync.m16n8k16, sm_80 and later; on sm_90a `auto` prefers the
+// wgmma kernel of w4a16_wgmma.cu), and the host side of every strategy.
 //
 // One CTA = 4 warps = one block of 64 output columns x up to 64 rows of M,
 // over a range of k-iterations (64 rows of K each). Per stage (2 iterations)
@@ -34,6 +35,8 @@
 #include "lowbit/cuda/cublas_check.h"
 #include "lowbit/cuda/random.h"
 #include "lowbit/w4a16/w4a16_layout.h"
+#include "w4a16_device.cuh"
+#include "w4a16_wgmma.h"
 
 namespace lowbit {
 namespace {
@@ -66,139 +69,8 @@ struct KernelArgs {
   int mode;
 };
 
-template <typename T> struct Vec2;
-template <> struct Vec2<half> { using type = half2; };
-template <> struct Vec2<__nv_bfloat16> { using type = __nv_bfloat162; };
+using namespace w4a16_detail;
 
-__device__ __forceinline__ uint32_t smem_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte async copy; src_bytes = 0 fills the destination with zeros (rows past M, columns past K).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(dst)), "l"(src),
-               "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
-// (a & b) | c in one instruction.
-template <uint32_t kMask, uint32_t kOr>
-__device__ __forceinline__ uint32_t mask_or(uint32_t a) {
-  uint32_t r;
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(r) : "r"(a), "n"(kMask), "n"(kOr));
-  return r;
-}
-
-template <typename V> __device__ __forceinline__ uint32_t as_u32(V v) { return *reinterpret_cast<uint32_t*>(&v); }
-template <typename V> __device__ __forceinline__ V from_u32(uint32_t u) { return *reinterpret_cast<V*>(&u); }
-
-// The 16-bit scale s and zero term (z, or m for float zero-point) of one
-// column, with the constants its dequantization subtracts computed once per
-// column and k-iteration rather than once per word.
-template <typename T>
-struct ColumnDequant {
-  typename Vec2<T>::type scale;   // (s, s)
-  typename Vec2<T>::type zterm;   // (z, z) or (m, m)
-  typename Vec2<T>::type lo_sub;  // fp16: 1024 + z (or 1024); bf16: 128 + z (or 128)
-  typename Vec2<T>::type hi_sub;  // fp16: -(64 + z) (or -64); unused for bf16
-};
-
-template <typename T, bool kFloatZero>
-__device__ __forceinline__ ColumnDequant<T> column_dequant(uint32_t packed) {
-  using V = typename Vec2<T>::type;
-  const uint32_t s = packed & 0xFFFFu, z = packed >> 16;
-  ColumnDequant<T> c;
-  c.scale = from_u32<V>(s | (s << 16));
-  c.zterm = from_u32<V>(z | (z << 16));
-  if constexpr (std::is_same_v<T, half>) {
-    const V k1024 = __float2half2_rn(1024.0f), kneg64 = __float2half2_rn(-64.0f);
-    c.lo_sub = kFloatZero ? k1024 : __hadd2(k1024, c.zterm);
-    c.hi_sub = kFloatZero ? kneg64 : __hsub2(kneg64, c.zterm);
-  } else {
-    const V k128 = __float2bfloat162_rn(128.0f);
-    c.lo_sub = kFloatZero ? k128 : __hadd2(k128, c.zterm);
-    c.hi_sub = c.lo_sub;
-  }
-  return c;
-}
-
-// The four register pairs of one 32-bit word (8 codes, see the layout header)
-// as exact 16-bit values q - z (lo_sub/hi_sub carry z; for float zero-point
-// they carry no z and the pairs are q). Pairs 0, 1 belong to column c0, pairs
-// 2, 3 to column c1.
-__device__ __forceinline__ void word_pairs(uint32_t w, const ColumnDequant<half>& c0, const ColumnDequant<half>& c1,
-                                           half2 (&p)[4]) {
-  // (code | 0x6400) is the fp16 number 1024 + q; a code in bits 4..7 gives
-  // 1024 + 16q. Subtracting (1024 + z), or scaling by 1/16 and subtracting
-  // (64 + z), leaves q - z exactly, with one LOP3 and one HSUB2/HFMA2 per pair.
-  const half2 k1_16 = __float2half2_rn(1.0f / 16.0f);
-  const uint32_t w_hi = w >> 8;
-  p[0] = __hsub2(from_u32<half2>(mask_or<0x000F000Fu, 0x64006400u>(w)), c0.lo_sub);
-  p[1] = __hfma2(from_u32<half2>(mask_or<0x00F000F0u, 0x64006400u>(w)), k1_16, c0.hi_sub);
-  p[2] = __hsub2(from_u32<half2>(mask_or<0x000F000Fu, 0x64006400u>(w_hi)), c1.lo_sub);
-  p[3] = __hfma2(from_u32<half2>(mask_or<0x00F000F0u, 0x64006400u>(w_hi)), k1_16, c1.hi_sub);
-}
-
-__device__ __forceinline__ void word_pairs(uint32_t w, const ColumnDequant<__nv_bfloat16>& c0,
-                                           const ColumnDequant<__nv_bfloat16>& c1, __nv_bfloat162 (&p)[4]) {
-  // bf16 keeps only 7 explicit mantissa bits, so a code in bits 4..7 would
-  // spill into the exponent: each pair is shifted down to bits 0..3 first.
-  // (code | 0x4300) is the bf16 number 128 + q; lo_sub is 128 + z (or 128).
-#pragma unroll
-  for (int j = 0; j < 4; ++j)
-    p[j] = __hsub2(from_u32<__nv_bfloat162>(mask_or<0x000F000Fu, 0x43004300u>(w >> (4 * j))),
-                   (j < 2 ? c0 : c1).lo_sub);
-}
-
-// Dequantizes one word into the B registers of two mma tiles: b0 for
-// n-subtile 0 (column c0) and b1 for n-subtile 1 (column c1). One multiply
-// (or, for float zero-point, one fma with m) rounds each weight once.
-template <typename T, bool kFloatZero>
-__device__ __forceinline__ void dequant_word(uint32_t w, const ColumnDequant<T>& c0, const ColumnDequant<T>& c1,
-                                             uint32_t (&b0)[2], uint32_t (&b1)[2]) {
-  typename Vec2<T>::type p[4];
-  word_pairs(w, c0, c1, p);
-  if constexpr (kFloatZero) {
-    b0[0] = as_u32(__hfma2(p[0], c0.scale, c0.zterm));
-    b0[1] = as_u32(__hfma2(p[1], c0.scale, c0.zterm));
-    b1[0] = as_u32(__hfma2(p[2], c1.scale, c1.zterm));
-    b1[1] = as_u32(__hfma2(p[3], c1.scale, c1.zterm));
-  } else {
-    b0[0] = as_u32(__hmul2(p[0], c0.scale));
-    b0[1] = as_u32(__hmul2(p[1], c0.scale));
-    b1[0] = as_u32(__hmul2(p[2], c1.scale));
-    b1[1] = as_u32(__hmul2(p[3], c1.scale));
-  }
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&a)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
-               : "r"(smem_address(p)));
-}
-
-template <typename T>
-__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  if constexpr (std::is_same_v<T, half>) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-  }
-}
-
-template <typename T> __device__ __forceinline__ T from_float(float v);
-template <> __device__ __forceinline__ half from_float<half>(float v) { return __float2half_rn(v); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
 template <int kMBlocks>
 struct SharedLayout {
@@ -539,13 +411,15 @@ const char* w4a16_strategy_name(W4A16Strategy s) {
     case W4A16Strategy::split_k_deterministic: return "split_k_deterministic";
     case W4A16Strategy::stream_k: return "stream_k";
     case W4A16Strategy::decoupled: return "decoupled";
+    case W4A16Strategy::wgmma: return "wgmma";
   }
   return "?";
 }
 
 std::optional<W4A16Strategy> parse_w4a16_strategy(std::string_view name) {
   for (auto s : {W4A16Strategy::automatic, W4A16Strategy::data_parallel, W4A16Strategy::split_k_atomic,
-                 W4A16Strategy::split_k_deterministic, W4A16Strategy::stream_k, W4A16Strategy::decoupled})
+                 W4A16Strategy::split_k_deterministic, W4A16Strategy::stream_k, W4A16Strategy::decoupled,
+                 W4A16Strategy::wgmma})
     if (name == w4a16_strategy_name(s)) return s;
   return std::nullopt;
 }
@@ -671,14 +545,61 @@ int resident_ctas(int rows_per_pass, bool bf16, int device) {
 
 }  // namespace
 
+bool w4a16_wgmma_available(int device) { return w4a16_detail::wgmma_supported(device); }
+
 W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& options) {
   W4A16Plan plan{options.strategy, 1, M <= 16 ? 16 : (M <= 32 ? 32 : 64)};
-  if (plan.strategy == W4A16Strategy::automatic)
-    // Up to 64 rows the fused kernel streams the weights once; beyond, a
-    // tensor-core GEMM on dequantized weights is compute-efficient while the
-    // fused kernel would re-read the weights for every 64 rows.
-    plan.strategy = M <= 64 ? W4A16Strategy::split_k_deterministic : W4A16Strategy::decoupled;
+  const bool bf16 = w.act_dtype() == DType::bf16;
   const int iters = static_cast<int>(w.K_padded() / 64);
+  if (plan.strategy == W4A16Strategy::automatic) {
+    // On sm_90a the wgmma kernel: at decode its 16-row tile beats the
+    // mma.sync kernels (no 16-row mma padding, two warpgroups per x tile,
+    // copy-engine loads), and above it serves up to 256 rows per weight read.
+    // Above 512 rows it runs 256-row tiles one CTA per SM, so a grid that
+    // fills its last wave poorly (e.g. 160 tiles on 132 SMs: 61%) loses to
+    // the decoupled GEMM (dequantize once, cuBLAS at full rate), which wins
+    // there at M = 1024 (0.74x vs 0.62x cuBLAS on the 5120-column layers)
+    // while wgmma wins or ties the others.
+    // Without sm_90a: the fused mma.sync kernel up to 64 rows, then the
+    // decoupled GEMM (cheaper than re-reading the weights every 64 rows).
+    // The H100 measurements behind this: docs/w4a16-gemm.md.
+    if (w4a16_wgmma_available(w.device())) {
+      plan.strategy = W4A16Strategy::wgmma;
+      if (M > 512) {
+        const int rows = w4a16_detail::wgmma_rows_per_tile(M);
+        const int64_t tiles = (M + rows - 1) / rows *
+                              ((w.N_padded() + w4a16_detail::kWgmmaColsPerTile - 1) / w4a16_detail::kWgmmaColsPerTile);
+        const int64_t wave = static_cast<int64_t>(w4a16_detail::wgmma_ctas_per_sm(rows, bf16)) * sm_count(w.device());
+        const double filled = static_cast<double>(tiles) / static_cast<double>((tiles + wave - 1) / wave * wave);
+        if (filled < 0.75) plan.strategy = W4A16Strategy::decoupled;
+      }
+    } else {
+      plan.strategy = M <= 64 ? W4A16Strategy::split_k_deterministic : W4A16Strategy::decoupled;
+    }
+  }
+  if (plan.strategy == W4A16Strategy::wgmma) {
+    const int r = options.rows_per_tile;
+    LOWBIT_CHECK_ARG(r == 0 || r == 16 || r == 32 || r == 64 || r == 128 || r == 256, "rows_per_tile", r,
+                     "0, 16, 32, 64, 128 or 256");
+    const int64_t col_tiles =
+        (w.N_padded() + w4a16_detail::kWgmmaColsPerTile - 1) / w4a16_detail::kWgmmaColsPerTile;
+    const int sms = sm_count(w.device());
+    auto tiles = [&](int rows) { return (M + rows - 1) / rows * col_tiles; };
+    // The smallest tile that holds M up to 256 rows (larger M: 256-row
+    // tiles). Measured on the H100 (docs/w4a16-gemm.md): halving 128/256-row
+    // tiles to fill the SMs instead of splitting K was slower at M = 128/256.
+    plan.rows_per_pass = r > 0 ? r : w4a16_detail::wgmma_rows_per_tile(M);
+    // Fewer tiles than one wave of resident CTAs leaves SMs idle: split K
+    // until the wave is full, keeping at least 4 k-iterations per CTA.
+    int64_t choice = options.split_k;
+    if (choice <= 0) {
+      const int64_t wave =
+          static_cast<int64_t>(w4a16_detail::wgmma_ctas_per_sm(plan.rows_per_pass, bf16)) * sms;
+      choice = std::min<int64_t>(std::max<int64_t>(1, wave / tiles(plan.rows_per_pass)), std::max(1, iters / 4));
+    }
+    plan.split_k = static_cast<int>(std::clamp<int64_t>(choice, 1, iters));
+    return plan;
+  }
   const int64_t m_passes = (M + plan.rows_per_pass - 1) / plan.rows_per_pass;
   const int64_t blocks = (w.N_padded() / 64) * m_passes;
   const bool split = plan.strategy == W4A16Strategy::split_k_atomic ||
@@ -686,7 +607,7 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
   if (split || plan.strategy == W4A16Strategy::stream_k) {
     // The weight stream needs every SM busy with several CTAs: aim for exactly
     // one full wave of resident CTAs, so that none idles in a partial last wave.
-    const int64_t wave = resident_ctas(plan.rows_per_pass, w.act_dtype() == DType::bf16, w.device());
+    const int64_t wave = resident_ctas(plan.rows_per_pass, bf16, w.device());
     if (split) {
       const int64_t choice = options.split_k > 0 ? options.split_k : std::max<int64_t>(1, wave / blocks);
       plan.split_k = static_cast<int>(std::clamp<int64_t>(choice, 1, iters));
@@ -773,6 +694,38 @@ void w4a16_gemm(const TensorView& x, const W4A16Weights& w, const TensorView& y,
     return;
   }
 
+  const int group_shift = w.group_size() > 0 ? __builtin_ctz(static_cast<unsigned>(w.group_size())) : -1;
+  if (plan.strategy == W4A16Strategy::wgmma) {
+    if (!w4a16_wgmma_available(w.device()))
+      fail(ErrorKind::unsupported, "W4A16 strategy 'wgmma' needs a compute capability 9.0 device and a build for "
+                                   "sm_90a (CMAKE_CUDA_ARCHITECTURES with 90a)");
+    w4a16_detail::WgmmaArgs a{};
+    a.x = xin;
+    a.ldx = ldx;
+    a.qweight = static_cast<const uint4*>(w.qweight());
+    a.scale_zero = w.scale_zero();
+    a.y = y.data;
+    a.ldy = y.strides[0];
+    a.M = static_cast<int>(M);
+    a.K = static_cast<int>(w.K());
+    a.N = static_cast<int>(w.N());
+    a.N_pad = static_cast<int>(w.N_padded());
+    a.iters = iters;
+    a.group_shift = group_shift;
+    a.split_k = plan.split_k;
+    if (plan.split_k > 1) {
+      const int64_t tiles = (M + plan.rows_per_pass - 1) / plan.rows_per_pass *
+                            ((w.N_padded() + w4a16_detail::kWgmmaColsPerTile - 1) / w4a16_detail::kWgmmaColsPerTile);
+      // Slot 2: the ordered partials; slot 3: one counter per tile (kept zero).
+      a.partial = static_cast<float*>(workspace.scratch(
+          2, static_cast<size_t>(M * w.N_padded()) * static_cast<size_t>(plan.split_k) * sizeof(float), false,
+          w.device()));
+      a.counters = static_cast<int*>(workspace.scratch(3, static_cast<size_t>(tiles) * sizeof(int), true, w.device()));
+    }
+    w4a16_detail::launch_wgmma(a, plan.rows_per_pass, bf16, w.float_zero(), stream);
+    return;
+  }
+
   KernelArgs args{};
   args.x = xin;
   args.ldx = ldx;
@@ -786,7 +739,7 @@ void w4a16_gemm(const TensorView& x, const W4A16Weights& w, const TensorView& y,
   args.N_pad = static_cast<int>(w.N_padded());
   args.iters = iters;
   args.rows_per_group = rows_per_group;
-  args.group_shift = w.group_size() > 0 ? __builtin_ctz(static_cast<unsigned>(w.group_size())) : -1;
+  args.group_shift = group_shift;
   const int m_passes = static_cast<int>((M + plan.rows_per_pass - 1) / plan.rows_per_pass);
   dim3 grid(static_cast<unsigned>(w.N_padded() / 64), 1, static_cast<unsigned>(m_passes));
   if (plan.strategy == W4A16Strategy::data_parallel) {

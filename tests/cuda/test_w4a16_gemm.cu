@@ -91,10 +91,15 @@ std::vector<uint16_t> run_gpu(const Problem& p, const W4A16Weights& w, W4A16Work
   return result;
 }
 
-constexpr W4A16Strategy kStrategies[] = {W4A16Strategy::data_parallel, W4A16Strategy::split_k_atomic, W4A16Strategy::stream_k,
-                                         W4A16Strategy::split_k_deterministic, W4A16Strategy::decoupled,
-                                         W4A16Strategy::automatic};
-
+// Every strategy this device runs: wgmma joins on sm_90a devices (the test
+// WgmmaRunsOnComputeCapability9 keeps an H100 from skipping it silently).
+std::vector<W4A16Strategy> strategies() {
+  std::vector<W4A16Strategy> s = {W4A16Strategy::data_parallel, W4A16Strategy::split_k_atomic, W4A16Strategy::stream_k,
+                                  W4A16Strategy::split_k_deterministic, W4A16Strategy::decoupled,
+                                  W4A16Strategy::automatic};
+  if (w4a16_wgmma_available()) s.push_back(W4A16Strategy::wgmma);
+  return s;
+}
 TEST(W4A16Gemm, EveryStrategyDtypeZeroKindAndGroupSize) {
   LOWBIT_REQUIRE_GPU();
   W4A16Workspace ws;
@@ -106,7 +111,7 @@ TEST(W4A16Gemm, EveryStrategyDtypeZeroKindAndGroupSize) {
         const W4A16Weights w = W4A16Weights::prepare(layer, dtype);
         for (int64_t M : {1, 17, 64}) {
           const Problem p = make_problem(M, layer, dtype, seed++);
-          for (W4A16Strategy s : kStrategies) {
+          for (W4A16Strategy s : strategies()) {
             SCOPED_TRACE(testing::Message() << dtype_name(dtype) << " " << test::zero_kind_name(kind) << " g=" << group
                                             << " M=" << M << " " << w4a16_strategy_name(s));
             EXPECT_TRUE(matches_reference(p, run_gpu(p, w, ws, {s, 0})));
@@ -126,7 +131,7 @@ TEST(W4A16Gemm, EveryMAndAwkwardShapes) {
       const W4A16Weights w = W4A16Weights::prepare(layer, dtype);
       for (int64_t M : {1, 2, 3, 15, 16, 17, 63, 64, 65, 257}) {
         const Problem p = make_problem(M, layer, dtype, seed++);
-        for (W4A16Strategy s : kStrategies) {
+        for (W4A16Strategy s : strategies()) {
           SCOPED_TRACE(testing::Message() << "K=" << shape.K << " N=" << shape.N << " g=" << shape.group << " "
                                           << dtype_name(dtype) << " M=" << M << " " << w4a16_strategy_name(s));
           EXPECT_TRUE(matches_reference(p, run_gpu(p, w, ws, {s, 0})));
@@ -145,7 +150,7 @@ TEST(W4A16Gemm, ActOrderAndExplicitSplits) {
     const W4A16Weights w = W4A16Weights::prepare(layer, dtype);
     EXPECT_TRUE(w.act_order());
     const Problem p = make_problem(5, layer, dtype, 9);
-    for (W4A16Strategy s : kStrategies)
+    for (W4A16Strategy s : strategies())
       for (int split : {1, 3, 16}) {
         SCOPED_TRACE(testing::Message() << dtype_name(dtype) << " " << w4a16_strategy_name(s) << " split " << split);
         EXPECT_TRUE(matches_reference(p, run_gpu(p, w, ws, {s, split})));
@@ -176,11 +181,85 @@ TEST(W4A16Gemm, LargeLayerAtDecodeShapes) {
   const W4A16Weights w = W4A16Weights::prepare(layer, DType::f16);
   for (int64_t M : {1, 16}) {
     const Problem p = make_problem(M, layer, DType::f16, 32 + static_cast<uint64_t>(M));
-    for (W4A16Strategy s : kStrategies) {
+    for (W4A16Strategy s : strategies()) {
       SCOPED_TRACE(testing::Message() << "M=" << M << " " << w4a16_strategy_name(s));
       EXPECT_TRUE(matches_reference(p, run_gpu(p, w, ws, {s, 0})));
     }
   }
+}
+
+TEST(W4A16Gemm, WgmmaRunsOnComputeCapability9) {
+  LOWBIT_REQUIRE_GPU();
+  int major = 0;
+  LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+  if (major != 9) {
+    EXPECT_FALSE(w4a16_wgmma_available());
+    return;
+  }
+  // The default build compiles sm_90a; a Hopper device must get the wgmma path.
+  EXPECT_TRUE(w4a16_wgmma_available());
+  const auto layer = test::random_layer(256, 64, 64, ZeroKind::sym, 3);
+  const W4A16Weights w = W4A16Weights::prepare(layer, DType::f16);
+  EXPECT_EQ(w4a16_plan(256, w).strategy, W4A16Strategy::wgmma);
+  EXPECT_EQ(w4a16_plan(1, w).strategy, W4A16Strategy::wgmma);
+  // M > 512: wgmma when its 256-row tiles fill the waves of the device,
+  // decoupled when they do not (here: 4 tiles).
+  EXPECT_EQ(w4a16_plan(1024, w).strategy, W4A16Strategy::decoupled);
+  const W4A16Weights big = W4A16Weights::random(1024, 33792, 128, DType::f16, 5);  // 264 column tiles
+  EXPECT_EQ(w4a16_plan(1024, big).strategy, W4A16Strategy::wgmma);
+}
+
+TEST(W4A16Gemm, WgmmaLargeMAndDeterministicSplits) {
+  LOWBIT_REQUIRE_GPU();
+  if (!w4a16_wgmma_available()) GTEST_SKIP() << "no sm_90a device/build (WgmmaRunsOnComputeCapability9 checks)";
+  W4A16Workspace ws;
+  uint64_t seed = 70;
+  for (DType dtype : {DType::f16, DType::bf16})
+    for (ZeroKind kind : {ZeroKind::asym, ZeroKind::float_min_f16}) {
+      const auto layer = test::random_layer(1024, 320, 64, kind, seed++);
+      const W4A16Weights w = W4A16Weights::prepare(layer, dtype);
+      for (int64_t M : {129, 600}) {
+        const Problem p = make_problem(M, layer, dtype, seed++);
+        for (int split : {0, 1, 5}) {
+          SCOPED_TRACE(testing::Message() << dtype_name(dtype) << " " << test::zero_kind_name(kind) << " M=" << M
+                                          << " split " << split);
+          const auto first = run_gpu(p, w, ws, {W4A16Strategy::wgmma, split});
+          EXPECT_TRUE(matches_reference(p, first));
+          if (split == 5) EXPECT_EQ(run_gpu(p, w, ws, {W4A16Strategy::wgmma, split}), first);
+        }
+      }
+    }
+}
+
+TEST(W4A16Gemm, WgmmaEveryTileAndOddColumnBlocks) {
+  LOWBIT_REQUIRE_GPU();
+  if (!w4a16_wgmma_available()) GTEST_SKIP() << "no sm_90a device/build (WgmmaRunsOnComputeCapability9 checks)";
+  W4A16Workspace ws;
+  // N = 200 pads to 256 (two full column tiles); N = 136 pads to 192 (the
+  // second tile has one 64-column block: its other warpgroup stores nothing).
+  uint64_t seed = 90;
+  for (int64_t N : {200, 136}) {
+    const auto layer = test::random_layer(576, N, 32, ZeroKind::asym, seed++);
+    for (DType dtype : {DType::f16, DType::bf16}) {
+      const W4A16Weights w = W4A16Weights::prepare(layer, dtype);
+      for (int64_t M : {1, 40, 100, 300}) {
+        const Problem p = make_problem(M, layer, dtype, seed++);
+        for (int rows : {16, 32, 64, 128, 256})
+          for (int split : {1, 4}) {
+            SCOPED_TRACE(testing::Message() << "N=" << N << " " << dtype_name(dtype) << " M=" << M << " rows " << rows
+                                            << " split " << split);
+            W4A16Options o{W4A16Strategy::wgmma, split};
+            o.rows_per_tile = rows;
+            EXPECT_TRUE(matches_reference(p, run_gpu(p, w, ws, o)));
+          }
+      }
+    }
+  }
+  W4A16Options bad{W4A16Strategy::wgmma, 0};
+  bad.rows_per_tile = 48;
+  const auto layer = test::random_layer(128, 64, 64, ZeroKind::sym, 1);
+  const W4A16Weights w = W4A16Weights::prepare(layer, DType::f16);
+  EXPECT_TRUE(test::throws_error([&] { (void)w4a16_plan(4, w, bad); }, ErrorKind::invalid_argument, {"rows_per_tile"}));
 }
 
 TEST(W4A16Gemm, BadArgumentsAreNamed) {

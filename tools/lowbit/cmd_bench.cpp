@@ -15,7 +15,7 @@ void add_bench_command(CLI::App& app) {
   auto* gemm = bench->add_subcommand(
       "gemm",
       "W4A16 GEMM: every strategy (data_parallel, split_k_atomic, split_k_deterministic, stream_k,\n"
-      "decoupled) and auto beside cuBLAS FP16, on the nine anchor layer shapes, random data,\n"
+      "decoupled, wgmma on sm_90a) and auto beside cuBLAS FP16, on the nine anchor layer shapes, random data,\n"
       "L2 flushed before every timed call, median of the reps. Prints a line per measurement and a\n"
       "summary: geometric-mean speedup over cuBLAS per M (Marlin's from the anchors beside it) and\n"
       "the M = 1 bandwidth against the measured copy bandwidth.");
@@ -38,6 +38,10 @@ void add_bench_command(CLI::App& app) {
       ->check(CLI::IsMember({"f16", "bf16"}))
       ->capture_default_str();
   gemm->add_option("--json", options.json_path, "Write one JSON row per measurement to this file");
+  gemm->add_option("--wgmma-tiles", options.wgmma_tiles,
+                   "Also time the wgmma strategy with these tile rows forced (16,32,64,128,256; sm_90a only)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({16, 32, 64, 128, 256}));
   gemm->callback([] {
     options.dtype = dtype == "bf16" ? DType::bf16 : DType::f16;
     run_w4a16_gemm_benchmark(options);

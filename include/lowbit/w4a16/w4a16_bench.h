@@ -28,6 +28,9 @@ struct W4A16BenchOptions {
   int group_size = 128;
   DType dtype = DType::f16;         // activations and outputs (cuBLAS baseline is fp16)
   std::string json_path;            // JSON rows, one per line, when not empty
+  // Extra rows "lowbit_wgmma_r<R>" with the wgmma tile forced to R rows (16..256;
+  // tiles more than twice M are skipped), to measure the tile choice of auto.
+  std::vector<int> wgmma_tiles;
 };
 
 // Runs the benchmark on device 0, printing one line per measurement and a

@@ -17,6 +17,11 @@
 //                          workspace in global memory, then a cuBLAS GEMM (its
 //                          own split-K/reduction inside): kept to measure what
 //                          the memory round trip costs
+//   wgmma                  sm_90a only: y^T = dequant(W)^T x^T on wgmma with
+//                          the dequantized weights as the register operand and
+//                          x tiles of 16..256 rows in shared memory, so one
+//                          weight read serves up to 256 rows (prefill); K split
+//                          with a deterministic reduction when the grid is small
 //   automatic              chosen by M, N, K and the device's SM count
 #pragma once
 
@@ -38,9 +43,14 @@ enum class W4A16Strategy : uint8_t {
   split_k_deterministic,
   stream_k,
   decoupled,
+  wgmma,  // needs a device and a build with sm_90a (w4a16_wgmma_available)
 };
 const char* w4a16_strategy_name(W4A16Strategy s);  // "auto", "data_parallel", ...
 std::optional<W4A16Strategy> parse_w4a16_strategy(std::string_view name);
+// Whether W4A16Strategy::wgmma can run on `device`: compute capability 9.0 and
+// this build compiled for sm_90a. Selecting it where it cannot run throws
+// Error(unsupported); `automatic` then picks among the other strategies.
+bool w4a16_wgmma_available(int device = 0);
 
 // Weights prepared once and resident on one CUDA device. Move-only.
 class W4A16Weights {
@@ -106,13 +116,16 @@ class W4A16Workspace {
 struct W4A16Options {
   W4A16Strategy strategy = W4A16Strategy::automatic;
   int split_k = 0;  // 0: chosen from the shape and SM count
+  // wgmma only: rows of M per CTA tile, 16, 32, 64, 128 or 256; 0: chosen
+  // from M, N and the SM count. For tests and tuning sweeps.
+  int rows_per_tile = 0;
 };
 
 // What a call runs: the strategy, the K split and the rows per pass.
 struct W4A16Plan {
   W4A16Strategy strategy;
-  int split_k;        // split-K: CTAs per block; stream-K: CTAs in the wave
-  int rows_per_pass;  // 16, 32 or 64; M > 64 takes several passes
+  int split_k;        // split-K and wgmma: CTAs per tile along K; stream-K: CTAs in the wave
+  int rows_per_pass;  // 16, 32 or 64 (wgmma: 16, 32, 64, 128 or 256); larger M takes several passes
 };
 W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& options = {});
 

@@ -1,0 +1,465 @@
+// The sm_90a W4A16 kernel: y^T = dequant(W)^T x^T on wgmma, for the M where
+// the mma.sync kernels of w4a16_gemm.cu run out of tensor-core throughput.
+//
+// Why this shape:
+//   - wgmma takes only its A operand from registers, and the dequantized
+//     weights exist only in registers (they never touch shared memory), so the
+//     weights are A: the transposed problem y^T[N, M] = W^T[N, K] x^T[K, M],
+//     with output columns as the wgmma M (64 per warpgroup) and the rows of x
+//     as the wgmma N (16, 32, 64, 128 or 256 per CTA). One dequantized weight fragment
+//     then serves up to 256 rows of x.
+//   - The A fragment of m64nNk16 is, per warp, the A fragment of
+//     mma.m16n8k16 over 16 rows; with weights as A its rows are output columns,
+//     which is exactly what one lane's 16 bytes of the tiled layout hold (the
+//     B operands of the mma.sync kernels, columns g and g+8 of the warp's 16):
+//     the layout and the LOP3 dequantization are reused unchanged.
+//   - x is B: rows of x are K-contiguous, i.e. wgmma's default K-major B. A
+//     stage holds 64 rows of K = 128 bytes per row of x, stored with the
+//     128-byte swizzle (16-byte chunk c of row r at chunk c ^ (r % 8)) that the
+//     shared-memory descriptor names, so the tensor cores read it without bank
+//     conflicts. One thread fills a stage with the copy engine: a TMA tile
+//     load of x (the tensor map applies the swizzle and zero-fills rows past M
+//     and columns past K) and 1-D bulk copies of the stage's 2-4 KB of weights
+//     and scale/zero pairs, all completing on the stage's mbarrier. (The first
+//     version had all 256 threads issue cp.async; the H100 profile showed ~900
+//     issued instructions per warp and iteration at M = 1, mostly that address
+//     arithmetic and the zero-filling of rows past M.)
+//   - Two warpgroups (128 columns) share each x tile. Each waits for its own
+//     wgmma batch before dequantizing the next iteration: the assembler
+//     serializes every wgmma of a kernel in which registers of a wgmma operand
+//     are written while another wgmma is in flight (ptxas C7513, seen with
+//     double-buffered A registers and wait_group 1), which costs more than the
+//     overlap gains. The overlap comes from the other warpgroup: stages are
+//     handed over through mbarriers (full: the stage's bytes landed; empty:
+//     both warpgroups' wgmma finished reading), not a CTA-wide
+//     barrier per iteration, so the warpgroups drift apart by up to two
+//     iterations and one dequantizes while the other's wgmma runs.
+//   - Small grids (few column tiles at large K) split K over CTAs; the last
+//     CTA of a tile sums the partials in a fixed order (deterministic).
+#include "w4a16_wgmma.h"
+
+#include <cuda.h>  // CUtensorMap (the encoder is fetched through the runtime: no libcuda link)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cudaTypedefs.h>
+
+#include <algorithm>
+#include <type_traits>
+
+#include "lowbit/core/error.h"
+#include "lowbit/cuda/check.h"
+#include "w4a16_device.cuh"
+#include "wgmma_ops.cuh"
+
+namespace lowbit::w4a16_detail {
+namespace {
+
+constexpr int kThreads = 256;  // two warpgroups, 64 output columns each
+// Five slots: three loads in flight ahead of the iteration being computed,
+// and one more so that a warpgroup may run up to two iterations ahead of the
+// other before it waits for a slot to be released.
+constexpr int kStages = 5;
+constexpr int kAhead = 3;
+static_assert(kAhead < kStages - 1, "a warpgroup must be able to run ahead of the other by one slot at least");
+
+template <int kMTile>
+struct Smem {
+  static constexpr int kXBytes = kMTile * 128;  // kMTile rows of x x 64 halves, 128-byte swizzle
+  static constexpr int kWBytes = 2 * 128 * 16;  // each thread's 16 bytes of weights
+  static constexpr int kSzBytes = 2 * 128 * 4;  // scale/zero of rows k0 and k0 + 32, 128 columns
+  static constexpr int kStageBytes = kXBytes + kWBytes + kSzBytes;
+  static_assert(kStageBytes % 1024 == 0, "x tiles must stay 1024-byte aligned (the swizzle atom)");
+  static constexpr int kBytes = kStages * kStageBytes + 1024;  // + slack to align the base
+};
+
+// The device helpers below exist only where the kernel body does (sm_90a
+// device code; the host pass sees them too): an sm_80 pass would otherwise
+// warn that they are never referenced.
+#if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+// Shared-memory matrix descriptor for a K-major tile with the 128-byte
+// swizzle: start address >> 4 (bits 0-13), leading byte offset (unused for
+// swizzled K-major; 1 by convention, bits 16-29), stride byte offset = 1024
+// bytes between 8-row groups (bits 32-45), layout type 1 = 128B swizzle (bits 62-63).
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) |
+         (uint64_t{1} << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving accumulator reads/writes across the async
+// wgmma boundary (it does not know the tensor cores own them meanwhile).
+template <int N>
+__device__ __forceinline__ void fence_accumulators(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(count) : "memory");
+}
+// Spins until the phase with parity `parity` of the barrier has completed.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred p;\nLAB_WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@p bra DONE;\nbra LAB_WAIT;\nDONE:\n}\n" ::"r"(smem_address(bar)),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_address(bar)) : "memory");
+}
+// Arrives once and adds `bytes` to the transactions the phase waits for.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_address(bar)), "r"(bytes)
+               : "memory");
+}
+// TMA: the box {64 columns, rows} of x at (k0, m0) into dst, completing on bar.
+__device__ __forceinline__ void tma_load_x(void* dst, const CUtensorMap* map, int k0, int m0, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::
+          "r"(smem_address(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(k0), "r"(m0), "r"(smem_address(bar))
+      : "memory");
+}
+// 1-D bulk copy of `bytes` (a multiple of 16, both addresses 16-byte aligned).
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   smem_address(dst)),
+               "l"(src), "r"(bytes), "r"(smem_address(bar))
+               : "memory");
+}
+
+#endif  // !__CUDA_ARCH__ || __CUDA_ARCH_FEAT_SM90_ALL
+
+// Residency wanted: small tiles (decode) need several CTAs per SM to keep
+// enough weight bytes in flight; the 256-row tile holds 128 accumulators per
+// thread and runs alone.
+template <int kMTile>
+constexpr int kMinCtasPerSm = kMTile == 256 ? 1 : (kMTile >= 64 ? 2 : 4);
+
+template <typename T, int kMTile, bool kFloatZero>
+__global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>) w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap x_map,
+                                                                             const WgmmaArgs args) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using S = Smem<kMTile>;
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  constexpr int kAcc = kMTile / 2;
+  extern __shared__ unsigned char smem_raw[];
+  __shared__ int last_cta;
+  __shared__ uint64_t full[kStages], empty[kStages];  // per slot: loads landed / wgmma done reading
+  unsigned char* smem = smem_raw + ((1024 - (smem_address(smem_raw) & 1023)) & 1023);
+
+  const int tid = threadIdx.x, wg = tid / 128, lt = tid % 128, warp = lt / 32, lane = tid % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int m0 = blockIdx.x * kMTile;
+  const int n_blocks = args.N_pad / 64;
+  const int nb = blockIdx.y * 2 + wg;  // this warpgroup's 64-column block
+  const bool active = nb < n_blocks;   // uniform per warpgroup: the last tile may have one block only
+  const int split = blockIdx.z;
+  const int it_begin = static_cast<int>(static_cast<int64_t>(split) * args.iters / args.split_k);
+  const int it_end = static_cast<int>(static_cast<int64_t>(split + 1) * args.iters / args.split_k);
+  const int n = it_end - it_begin;
+
+  auto stage_x = [&](int s) { return smem + s * S::kStageBytes; };
+  auto stage_w = [&](int s) { return reinterpret_cast<uint4*>(smem + s * S::kStageBytes + S::kXBytes); };
+  auto stage_sz = [&](int s) {
+    return reinterpret_cast<uint32_t*>(smem + s * S::kStageBytes + S::kXBytes + S::kWBytes);
+  };
+
+  float acc[kAcc];
+#pragma unroll
+  for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+
+  if (tid == 0)
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full[s], 1);          // the producer's arrive + the stage's transaction bytes
+      mbar_init(&empty[s], kThreads);  // every thread arrives once per use (after its wgmma)
+    }
+  __syncthreads();
+  // Thread 0 fills stage i (local iteration) into slot i % kStages once the
+  // use of that slot by iteration i - kStages has been released by both
+  // warpgroups. Weights of the tile's (one or two) column blocks are
+  // contiguous, and so are a group's scale/zero pairs of those columns.
+  const int tile_blocks = min(2, n_blocks - static_cast<int>(blockIdx.y) * 2);
+  const uint32_t w_bytes = tile_blocks * 128 * 16, sz_bytes = tile_blocks * 64 * 4;
+  auto produce = [&](int i) {
+    const int s = i % kStages, it = it_begin + i, k0 = it * 64;
+    if (i >= kStages) mbar_wait(&empty[s], ((i / kStages) + 1) & 1);
+    mbar_arrive_expect_tx(&full[s], S::kXBytes + w_bytes + 2 * sz_bytes);
+    tma_load_x(stage_x(s), &x_map, k0, m0, &full[s]);
+    bulk_load(stage_w(s), args.qweight + (static_cast<int64_t>(it) * n_blocks + blockIdx.y * 2) * 128, w_bytes,
+              &full[s]);
+#pragma unroll
+    for (int part = 0; part < 2; ++part) {  // the groups of rows k0 and k0 + 32
+      const int group = args.group_shift < 0 ? 0 : (k0 + 32 * part) >> args.group_shift;
+      bulk_load(stage_sz(s) + part * 128, args.scale_zero + static_cast<int64_t>(group) * args.N_pad + blockIdx.y * 128,
+                sz_bytes, &full[s]);
+    }
+  };
+  if (tid == 0)
+    for (int i = 0; i < kAhead && i < n; ++i) produce(i);
+  const int col0 = warp * 16 + g, col1 = col0 + 8;  // this lane's columns within the 64-column block
+  const bool one_group = args.group_shift < 0 || args.group_shift >= 6;
+  const uint32_t smem_base = smem_address(smem);
+
+  // One k-iteration (64 rows of K): dequantize this warp's 16 x 64 slice of
+  // W^T into the A fragments of four k16 steps, then four wgmma.
+  for (int j = 0; j < n; ++j) {
+    const int s = j % kStages;
+    mbar_wait(&full[s], (j / kStages) & 1);  // TMA writes and wgmma reads are both async proxy: no fence
+    // An inactive warpgroup (past the last column block) computes on stale
+    // shared memory and stores nothing: branching around wgmma would make the
+    // compiler serialize every wgmma of the kernel (it cannot prove the branch
+    // uniform per warpgroup).
+    const uint4 wq = stage_w(s)[tid];
+    const uint32_t* sz = stage_sz(s) + wg * 64;
+    const ColumnDequant<T> lo0 = column_dequant<T, kFloatZero>(sz[col0]);
+    const ColumnDequant<T> lo1 = column_dequant<T, kFloatZero>(sz[col1]);
+    const ColumnDequant<T> hi0 = one_group ? lo0 : column_dequant<T, kFloatZero>(sz[128 + col0]);
+    const ColumnDequant<T> hi1 = one_group ? lo1 : column_dequant<T, kFloatZero>(sz[128 + col1]);
+    uint32_t b[4][2][2], a[4][4];
+    dequant_word<T, kFloatZero>(wq.x, lo0, lo1, b[0][0], b[0][1]);
+    dequant_word<T, kFloatZero>(wq.y, lo0, lo1, b[1][0], b[1][1]);
+    dequant_word<T, kFloatZero>(wq.z, hi0, hi1, b[2][0], b[2][1]);
+    dequant_word<T, kFloatZero>(wq.w, hi0, hi1, b[3][0], b[3][1]);
+    // mma B fragment (k 2t..2t+1 / 2t+8..2t+9 of column g) = wgmma A fragment
+    // (row g / g+8 = column col0 / col1, k 2t.. / 2t+8..): a0 (g, k lo),
+    // a1 (g+8, k lo), a2 (g, k hi), a3 (g+8, k hi).
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      a[ks][0] = b[ks][0][0];
+      a[ks][1] = b[ks][1][0];
+      a[ks][2] = b[ks][0][1];
+      a[ks][3] = b[ks][1][1];
+    }
+    // All A registers are final before the wgmma batch starts: otherwise the
+    // compiler may sink parts of the dequantization between the wgmma
+    // instructions, and the assembler then serializes them.
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(a[ks][r])::"memory");
+    wgmma_fence();
+    fence_accumulators(acc);
+    const uint32_t x_addr = smem_base + s * S::kStageBytes;
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) Wgmma<kMTile, kBf16>::run(acc, a[ks], sw128_desc(x_addr + ks * 32));
+    wgmma_commit();
+    // The next loads go out while the tensor cores work.
+    if (tid == 0 && j + kAhead < n) produce(j + kAhead);
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+    mbar_arrive(&empty[s]);
+  }
+
+  // Accumulator i*4 + e: W^T row g (+8 for e >= 2) = output column, x row
+  // 8i + 2t (+1 for odd e) = output row.
+  T* y = static_cast<T*>(args.y);
+  const int block_col = nb * 64;
+  auto for_each_output = [&](auto&& f) {
+    if (!active) return;
+#pragma unroll
+    for (int i = 0; i < kAcc / 4; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = m0 + 8 * i + 2 * t + (e & 1);
+        const int col = block_col + (e >= 2 ? col1 : col0);
+        if (row < args.M) f(row, col, acc[4 * i + e]);
+      }
+  };
+  if (args.split_k == 1) {
+    for_each_output([&](int row, int col, float v) {
+      if (col < args.N) y[static_cast<int64_t>(row) * args.ldy + col] = from_float<T>(v);
+    });
+    return;
+  }
+  float* partial = args.partial + static_cast<int64_t>(split) * args.M * args.N_pad;
+  for_each_output([&](int row, int col, float v) { __stcg(partial + static_cast<int64_t>(row) * args.N_pad + col, v); });
+  __threadfence();  // this thread's partials are visible device-wide before the count
+  __syncthreads();
+  int* counter = args.counters + blockIdx.y * gridDim.x + blockIdx.x;
+  if (tid == 0) last_cta = atomicAdd(counter, 1) == args.split_k - 1;
+  __syncthreads();
+  if (!last_cta) return;
+  __threadfence();
+  // The last CTA's sum is a chain of L2 round trips: float4 loads, four per
+  // thread in flight per round, rather than one output at a time (which cost
+  // ~1 us per output per thread for the 256-row tile's 128 outputs each).
+  const int quads = min(kMTile, args.M - m0) * 32;  // float4 groups of the tile's 128 columns
+  const int64_t split_stride = static_cast<int64_t>(args.M) * args.N_pad;
+  for (int base = tid; base < quads; base += 4 * kThreads) {
+    float4 sum[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) sum[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int sp = 0; sp < args.split_k; ++sp)  // fixed order: bitwise reproducible
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int q = base + u * kThreads;
+        const int row = m0 + q / 32, col = blockIdx.y * 128 + (q % 32) * 4;
+        if (q < quads && col < args.N_pad) {
+          const float4 v = __ldcg(reinterpret_cast<const float4*>(args.partial + sp * split_stride +
+                                                                  static_cast<int64_t>(row) * args.N_pad + col));
+          sum[u].x += v.x;
+          sum[u].y += v.y;
+          sum[u].z += v.z;
+          sum[u].w += v.w;
+        }
+      }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int q = base + u * kThreads;
+      const int row = m0 + q / 32, col = blockIdx.y * 128 + (q % 32) * 4;
+      if (q >= quads) continue;
+      const float v[4] = {sum[u].x, sum[u].y, sum[u].z, sum[u].w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (col + e < args.N) y[static_cast<int64_t>(row) * args.ldy + col + e] = from_float<T>(v[e]);
+    }
+  }
+  if (tid == 0) *counter = 0;  // ready for the next call
+#else
+  (void)args;  // built without sm_90a: wgmma_supported() keeps this from being launched
+#endif
+}
+
+__global__ void wgmma_probe_kernel(int* out) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  *out = 1;
+#else
+  *out = 0;
+#endif
+}
+
+// The tensor map of x for one call: [M rows, K columns] of 16-bit values,
+// row pitch ldx, box 64 columns (128 bytes: the swizzle span) x `rows`.
+CUtensorMap x_tensor_map(const WgmmaArgs& a, int rows, bool bf16) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+  if (encode == nullptr) {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult status{};
+    LOWBIT_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &status));
+    if (status != cudaDriverEntryPointSuccess || fn == nullptr)
+      fail(ErrorKind::unsupported, "W4A16 wgmma: the CUDA driver has no cuTensorMapEncodeTiled");
+    encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(a.K), static_cast<cuuint64_t>(a.M)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(a.ldx) * 2};
+  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(rows)};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult r = encode(&map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+                            const_cast<void*>(a.x), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    fail(ErrorKind::invalid_argument, "W4A16 wgmma: cannot describe x [", a.M, ", ", a.K, "] with row stride ", a.ldx,
+         " to the copy engine (CUresult ", static_cast<int>(r), "): rows must be 16-byte aligned");
+  return map;
+}
+
+template <typename T, int kMTile, bool kFloatZero>
+void launch_typed(const WgmmaArgs& args, cudaStream_t stream) {
+  auto kernel = w4a16_wgmma_kernel<T, kMTile, kFloatZero>;
+  static bool configured = false;  // per instantiation; the attribute is per device function
+  if (!configured) {
+    LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Smem<kMTile>::kBytes));
+    configured = true;
+  }
+  const CUtensorMap map = x_tensor_map(args, kMTile, std::is_same_v<T, __nv_bfloat16>);
+  const dim3 grid(static_cast<unsigned>((args.M + kMTile - 1) / kMTile), static_cast<unsigned>((args.N_pad + 127) / 128),
+                  static_cast<unsigned>(args.split_k));
+  kernel<<<grid, kThreads, Smem<kMTile>::kBytes, stream>>>(map, args);
+  LOWBIT_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T, bool kFloatZero>
+void launch_rows(const WgmmaArgs& args, int rows_per_tile, cudaStream_t stream) {
+  switch (rows_per_tile) {
+    case 16: return launch_typed<T, 16, kFloatZero>(args, stream);
+    case 32: return launch_typed<T, 32, kFloatZero>(args, stream);
+    case 64: return launch_typed<T, 64, kFloatZero>(args, stream);
+    case 128: return launch_typed<T, 128, kFloatZero>(args, stream);
+    default: return launch_typed<T, 256, kFloatZero>(args, stream);
+  }
+}
+
+}  // namespace
+
+int wgmma_rows_per_tile(int64_t M) {
+  return M <= 16 ? 16 : (M <= 32 ? 32 : (M <= 64 ? 64 : (M <= 128 ? 128 : 256)));
+}
+
+bool wgmma_supported(int device) {
+  static int cached[64];  // 0 unknown, 1 no, 2 yes
+  if (device < 0 || device >= 64) return false;
+  if (cached[device] != 0) return cached[device] == 2;
+  cuda::DeviceGuard guard(device);
+  int cc_major = 0;
+  LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, device));
+  bool yes = false;
+  if (cc_major == 9) {  // sm_90a code runs only on compute capability 9.0
+    int* flag = nullptr;
+    LOWBIT_CUDA_CHECK(cudaMalloc(&flag, sizeof(int)));
+    LOWBIT_CUDA_CHECK(cudaMemset(flag, 0, sizeof(int)));
+    wgmma_probe_kernel<<<1, 1>>>(flag);
+    LOWBIT_CUDA_CHECK_LAUNCH();
+    int host = 0;
+    LOWBIT_CUDA_CHECK(cudaMemcpy(&host, flag, sizeof(int), cudaMemcpyDeviceToHost));
+    LOWBIT_CUDA_CHECK(cudaFree(flag));
+    yes = host == 1;
+  }
+  cached[device] = yes ? 2 : 1;
+  return yes;
+}
+
+int wgmma_ctas_per_sm(int rows_per_tile, bool bf16) {
+  int per_sm = 0;
+  auto query = [&](auto kernel, int smem_bytes) {
+    LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+    LOWBIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem_bytes));
+  };
+  switch (rows_per_tile) {
+    case 16:
+      bf16 ? query(w4a16_wgmma_kernel<__nv_bfloat16, 16, false>, Smem<16>::kBytes)
+           : query(w4a16_wgmma_kernel<half, 16, false>, Smem<16>::kBytes);
+      break;
+    case 32:
+      bf16 ? query(w4a16_wgmma_kernel<__nv_bfloat16, 32, false>, Smem<32>::kBytes)
+           : query(w4a16_wgmma_kernel<half, 32, false>, Smem<32>::kBytes);
+      break;
+    case 64:
+      bf16 ? query(w4a16_wgmma_kernel<__nv_bfloat16, 64, false>, Smem<64>::kBytes)
+           : query(w4a16_wgmma_kernel<half, 64, false>, Smem<64>::kBytes);
+      break;
+    case 128:
+      bf16 ? query(w4a16_wgmma_kernel<__nv_bfloat16, 128, false>, Smem<128>::kBytes)
+           : query(w4a16_wgmma_kernel<half, 128, false>, Smem<128>::kBytes);
+      break;
+    default:
+      bf16 ? query(w4a16_wgmma_kernel<__nv_bfloat16, 256, false>, Smem<256>::kBytes)
+           : query(w4a16_wgmma_kernel<half, 256, false>, Smem<256>::kBytes);
+  }
+  return std::max(1, per_sm);
+}
+
+void launch_wgmma(const WgmmaArgs& args, int rows_per_tile, bool bf16, bool float_zero, cudaStream_t stream) {
+  if (bf16) {
+    if (float_zero)
+      launch_rows<__nv_bfloat16, true>(args, rows_per_tile, stream);
+    else
+      launch_rows<__nv_bfloat16, false>(args, rows_per_tile, stream);
+  } else {
+    if (float_zero)
+      launch_rows<half, true>(args, rows_per_tile, stream);
+    else
+      launch_rows<half, false>(args, rows_per_tile, stream);
+  }
+}
+
+}  // namespace lowbit::w4a16_detail

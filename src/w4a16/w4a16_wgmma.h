@@ -1,0 +1,38 @@
+// The sm_90a W4A16 kernel (w4a16_wgmma.cu), internal to the module: the
+// strategy W4A16Strategy::wgmma of w4a16_gemm.h. Plain C++ header.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace lowbit::w4a16_detail {
+
+struct WgmmaArgs {
+  const void* x;  // [M, K] (already permuted for act-order), row stride ldx, rows 16-byte aligned
+  int64_t ldx;
+  const uint4* qweight;  // tiled layout (w4a16_layout.h)
+  const uint32_t* scale_zero;
+  void* y;  // [M, N], row stride ldy
+  int64_t ldy;
+  float* partial;  // split_k > 1: [split_k, M, N_pad] partial sums
+  int* counters;   // split_k > 1: one per output tile, zero between calls
+  int M, K, N, N_pad;
+  int iters;        // K_pad / 64
+  int group_shift;  // log2(group size), or -1 for per channel
+  int split_k;
+};
+
+// Rows of M per CTA tile (the wgmma N dimension): 16, 32, 64, 128 or 256.
+int wgmma_rows_per_tile(int64_t M);
+// Output columns per CTA tile (two warpgroups of 64).
+inline constexpr int kWgmmaColsPerTile = 128;
+// Whether this build holds sm_90a code that runs on `device` (a probe kernel
+// reports it; cached per device).
+bool wgmma_supported(int device);
+// CTAs per SM the kernel for `rows_per_tile` can keep resident.
+int wgmma_ctas_per_sm(int rows_per_tile, bool bf16);
+// grid = (ceil(M / rows_per_tile), ceil(N_pad / 128), split_k).
+void launch_wgmma(const WgmmaArgs& args, int rows_per_tile, bool bf16, bool float_zero, cudaStream_t stream);
+
+}  // namespace lowbit::w4a16_detail
