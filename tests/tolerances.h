@@ -161,4 +161,33 @@ inline constexpr double kPrintedFourDecimalsSlack = 0.5e-4;
 // builder that stops early (e.g. plain rounding without the exchange) fails.
 inline constexpr double kModelOptimalitySlack = 1e-9;
 
+// ---- model engine (lowbit/engine) ---------------------------------------------
+// Logits against Hugging Face transformers (fp32, eager attention) for the tiny
+// golden models: max_i |ours_i - ref_i| / max_i |ref_i| over all positions and
+// the whole vocabulary (relative to the logits' scale: a per-element ratio
+// explodes at logits near zero). Both sides compute in fp32 with different
+// summation orders (our AVX2 dot products, torch's BLAS); the observed error
+// is ~1e-6, and issue 6 asks for 1e-4. A missing norm weight, a wrong RoPE
+// pair or a GQA mix-up moves logits by >= 1e-2 of their scale.
+inline constexpr double kEngineLogitsMaxRelError = 1e-4;
+// The w4 path (RTN on load, our 4-bit kernel) against transformers running
+// the same fake-quantized weights: the dequantized weights are bit-identical
+// (checked separately), so the same fp32-order bound applies.
+inline constexpr double kEngineW4LogitsMaxRelError = 1e-4;
+// Issue 6: tq4 K/V keeps the greedy choice of fp16 K/V on >= 99% of 256
+// teacher-forced decode steps.
+inline constexpr double kEngineTq4Top1Agreement = 0.99;
+// CPU matmul kernels (AVX2 and portable) against the double-precision
+// reference over the same dequantized weights: per element
+// |y - ref| <= kEngineMatmulRtol * sum_k |w x| + kEngineMatmulAtol. fp32 sums of
+// K <= 1536 terms in groups err by ~sqrt(K) 2^-24 typically, K 2^-24 at worst
+// (9e-5 at 1536): 1e-4 holds; a wrong nibble (an error of >= one scale step in
+// one term) or a lost group min breaks it on random data.
+inline constexpr double kEngineMatmulRtol = 1e-4;
+inline constexpr double kEngineMatmulAtol = 1e-6;
+// Batched and single-sequence forward passes stack rows differently (tiles of
+// 4 rows share one weight pass) but each output is the same sequence of fp32
+// operations per row, so they agree to fp32 rounding of the tile order: 1e-5.
+inline constexpr double kEngineBatchMaxRelError = 1e-5;
+
 }  // namespace lowbit::test

@@ -1,0 +1,60 @@
+// The forward step of the model on one device, behind an interface so that a
+// CUDA backend can slot in beside the CPU one: both read the same Model
+// (model_config.h + weights.h) and own their KV cache.
+//
+// One call of forward() runs the model over new tokens of several sequences
+// at once: a prompt block (prefill), one token each (batched decode), or any
+// mix. The tokens of input i continue sequence i.seq at its current length;
+// their K/V are appended to the cache. Rows of all inputs are stacked, so
+// every matrix product reads its weights once per call.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "lowbit/engine/kv_store.h"
+#include "lowbit/engine/weights.h"
+
+namespace lowbit::engine {
+
+struct StepInput {
+  int seq = 0;
+  std::span<const int32_t> tokens;  // at least one
+};
+
+enum class LogitsWanted : uint8_t { last, all };
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual int add_sequence() = 0;
+  virtual void release_sequence(int seq) = 0;
+  virtual int64_t length(int seq) const = 0;
+  // logits: [rows][vocab], rows = number of inputs (last token of each) or
+  // the total token count (every token, in input order) for LogitsWanted::all.
+  // Throws Error(invalid_argument) for an unknown sequence, a token outside
+  // the vocabulary, or a sequence that would outgrow the cache.
+  virtual void forward(std::span<const StepInput> inputs, LogitsWanted wanted, std::vector<float>& logits) = 0;
+  virtual const KvStore& kv() const = 0;
+  virtual const Model& model() const = 0;
+};
+
+struct CpuBackendOptions {
+  KvOptions kv;
+  int threads = 0;  // 0: lowbit::num_threads()
+};
+
+// The model must outlive the backend.
+std::unique_ptr<Backend> make_cpu_backend(const Model& model, const CpuBackendOptions& options = {});
+
+// --device: "cpu", "cuda", or "auto" (cuda when this build and machine have a
+// GPU and a CUDA backend exists, else cpu). The CUDA backend does not exist
+// yet: "cuda" throws Error(unsupported) saying so.
+std::unique_ptr<Backend> make_backend(const std::string& device, const Model& model,
+                                      const CpuBackendOptions& options = {});
+
+}  // namespace lowbit::engine

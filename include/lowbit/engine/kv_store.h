@@ -1,0 +1,64 @@
+// The engine's KV cache, per sequence and layer, behind one interface:
+//  - dense (K and V both fp32, or both fp16): contiguous per-sequence arrays
+//    [token][kv_head][head_dim], attention computed here (fp32 accumulation);
+//  - paged TurboQuant (K and/or V tq4/tq3/tq2, the other may be fp16): the kv
+//    module's PagedKvCache (paged_cache.h), attention by its reference
+//    kernels (attention_ref.h), the same arithmetic the GPU kernels mirror.
+// Attention is causal: the query at position p sees keys 0..p; query head g
+// reads KV head g / (num_heads / num_kv_heads) (GQA).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "lowbit/engine/model_config.h"
+#include "lowbit/engine/thread_pool.h"
+
+namespace lowbit::engine {
+
+enum class KvStorage : uint8_t { fp32, fp16, tq4, tq3, tq2 };
+const char* kv_storage_name(KvStorage s);  // "fp32", "fp16", "tq4", "tq3", "tq2"
+std::optional<KvStorage> parse_kv_storage(std::string_view name);
+
+struct KvOptions {
+  KvStorage k = KvStorage::fp16;
+  KvStorage v = KvStorage::fp16;
+  int64_t max_tokens = 4096;  // per sequence (prompt + generated)
+  int max_sequences = 1;      // sequences alive at once
+  int page_size = 32;         // tokens per page (paged formats)
+  uint64_t rotation_seed = 42;  // TurboQuant rotations: seed + 1000 * layer
+
+  // Throws Error(invalid_argument): fp32 mixed with another format, a
+  // non-positive size.
+  void validate() const;
+  std::string describe() const;  // "K tq4, V fp16"
+};
+
+class KvStore {
+ public:
+  virtual ~KvStore() = default;
+  virtual int add_sequence() = 0;
+  virtual void release_sequence(int seq) = 0;
+  // Makes room for n more tokens of seq; returns the position of the first.
+  // Error(invalid_argument) past max_tokens.
+  virtual int64_t extend(int seq, int64_t n) = 0;
+  virtual int64_t length(int seq) const = 0;
+  // k, v: [n][num_kv_heads][head_dim] for positions first_pos .. first_pos + n - 1.
+  virtual void write(int layer, int seq, int64_t first_pos, int64_t n, std::span<const float> k,
+                     std::span<const float> v) = 0;
+  // q, out: [n][num_heads][head_dim], queries at positions first_pos.. (already written).
+  virtual void attend(int layer, int seq, int64_t first_pos, int64_t n, std::span<const float> q, std::span<float> out,
+                      ThreadPool* pool) const = 0;
+  // Bytes one token takes over all layers, and bytes held for the tokens now stored.
+  virtual int64_t bytes_per_token() const = 0;
+  virtual int64_t bytes_used() const = 0;
+  virtual std::string describe() const = 0;
+};
+
+std::unique_ptr<KvStore> make_kv_store(const ModelConfig& config, const KvOptions& options);
+
+}  // namespace lowbit::engine

@@ -1,0 +1,273 @@
+#include "lowbit/engine/kv_store.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <sstream>
+#include <vector>
+
+#include "lowbit/core/error.h"
+#include "lowbit/core/half.h"
+#include "lowbit/kv/attention_ref.h"
+#include "lowbit/kv/paged_cache.h"
+
+namespace lowbit::engine {
+
+const char* kv_storage_name(KvStorage s) {
+  switch (s) {
+    case KvStorage::fp32: return "fp32";
+    case KvStorage::fp16: return "fp16";
+    case KvStorage::tq4: return "tq4";
+    case KvStorage::tq3: return "tq3";
+    case KvStorage::tq2: return "tq2";
+  }
+  return "?";
+}
+
+std::optional<KvStorage> parse_kv_storage(std::string_view name) {
+  for (KvStorage s : {KvStorage::fp32, KvStorage::fp16, KvStorage::tq4, KvStorage::tq3, KvStorage::tq2})
+    if (name == kv_storage_name(s)) return s;
+  return std::nullopt;
+}
+
+void KvOptions::validate() const {
+  if ((k == KvStorage::fp32) != (v == KvStorage::fp32))
+    fail_argument("kv", describe(), "fp32 for both K and V or for neither (the paged cache stores fp16 or tq)");
+  LOWBIT_CHECK_ARG(max_tokens > 0, "max_tokens", max_tokens, "a positive count");
+  LOWBIT_CHECK_ARG(max_sequences > 0, "max_sequences", max_sequences, "a positive count");
+}
+
+std::string KvOptions::describe() const {
+  return std::string("K ") + kv_storage_name(k) + ", V " + kv_storage_name(v);
+}
+
+namespace {
+
+// ---- dense: fp32 or fp16, per sequence [token][kv_head][head_dim] --------------------
+
+template <typename T>
+float load(const T& v) {
+  if constexpr (std::is_same_v<T, float>) return v;
+  else return f16_to_float(v);
+}
+
+template <typename T>
+T store(float v) {
+  if constexpr (std::is_same_v<T, float>) return v;
+  else return float_to_f16(v);
+}
+
+template <typename T>
+class DenseKvStore final : public KvStore {
+ public:
+  DenseKvStore(const ModelConfig& c, const KvOptions& o) : config_(c), options_(o) {}
+
+  int add_sequence() override {
+    for (size_t i = 0; i < seqs_.size(); ++i)
+      if (!seqs_[i].active) {
+        seqs_[i] = make_seq();
+        return static_cast<int>(i);
+      }
+    if (seqs_.size() >= static_cast<size_t>(options_.max_sequences))
+      fail(ErrorKind::invalid_argument, "KV cache: all ", options_.max_sequences, " sequences are in use");
+    seqs_.push_back(make_seq());
+    return static_cast<int>(seqs_.size() - 1);
+  }
+  void release_sequence(int seq) override { get(seq) = Seq{}; }
+  int64_t extend(int seq, int64_t n) override {
+    Seq& s = get(seq);
+    LOWBIT_CHECK_ARG(n >= 1, "n_tokens", n, "at least 1");
+    if (s.length + n > options_.max_tokens)
+      fail(ErrorKind::invalid_argument, "KV cache: sequence ", seq, " would hold ", s.length + n,
+           " tokens, more than max_tokens = ", options_.max_tokens);
+    const int64_t first = s.length;
+    s.length += n;
+    const size_t need = static_cast<size_t>(s.length * config_.kv_dim());
+    for (auto& layer : s.k) layer.resize(need);
+    for (auto& layer : s.v) layer.resize(need);
+    return first;
+  }
+  int64_t length(int seq) const override { return get(seq).length; }
+
+  void write(int layer, int seq, int64_t first_pos, int64_t n, std::span<const float> k,
+             std::span<const float> v) override {
+    Seq& s = get(seq);
+    const int64_t d = config_.kv_dim();
+    LOWBIT_CHECK_ARG(first_pos >= 0 && first_pos + n <= s.length, "first_pos", first_pos, "inside the sequence");
+    LOWBIT_CHECK_ARG(k.size() == static_cast<size_t>(n * d) && v.size() == k.size(), "k/v size", k.size(),
+                     "n * kv_dim floats");
+    T* kd = s.k[static_cast<size_t>(layer)].data() + first_pos * d;
+    T* vd = s.v[static_cast<size_t>(layer)].data() + first_pos * d;
+    for (size_t i = 0; i < k.size(); ++i) {
+      kd[i] = store<T>(k[i]);
+      vd[i] = store<T>(v[i]);
+    }
+  }
+
+  void attend(int layer, int seq, int64_t first_pos, int64_t n, std::span<const float> q, std::span<float> out,
+              ThreadPool* pool) const override {
+    const Seq& s = get(seq);
+    const int64_t H = config_.num_heads, D = config_.head_dim, KVH = config_.num_kv_heads;
+    const int64_t group = H / KVH, kvd = config_.kv_dim();
+    LOWBIT_CHECK_ARG(first_pos >= 0 && first_pos + n <= s.length, "first_pos", first_pos, "inside the sequence");
+    const T* K = s.k[static_cast<size_t>(layer)].data();
+    const T* V = s.v[static_cast<size_t>(layer)].data();
+    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+    const auto body = [&](int64_t begin, int64_t end) {
+      std::vector<float> scores(static_cast<size_t>(first_pos + n));
+      std::vector<float> acc(static_cast<size_t>(D));
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t i = item / H, h = item % H, kh = h / group;
+        const int64_t pos = first_pos + i;
+        const float* qv = q.data() + (i * H + h) * D;
+        float mx = -std::numeric_limits<float>::infinity();
+        for (int64_t t = 0; t <= pos; ++t) {
+          const T* kv = K + t * kvd + kh * D;
+          float dot = 0.0f;
+          for (int64_t j = 0; j < D; ++j) dot += qv[j] * load(kv[j]);
+          scores[static_cast<size_t>(t)] = dot * scale;
+          mx = std::max(mx, dot * scale);
+        }
+        float sum = 0.0f;
+        for (int64_t t = 0; t <= pos; ++t) {
+          const float e = std::exp(scores[static_cast<size_t>(t)] - mx);
+          scores[static_cast<size_t>(t)] = e;
+          sum += e;
+        }
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (int64_t t = 0; t <= pos; ++t) {
+          const T* vv = V + t * kvd + kh * D;
+          const float p = scores[static_cast<size_t>(t)];
+          for (int64_t j = 0; j < D; ++j) acc[static_cast<size_t>(j)] += p * load(vv[j]);
+        }
+        float* o = out.data() + (i * H + h) * D;
+        for (int64_t j = 0; j < D; ++j) o[j] = acc[static_cast<size_t>(j)] / sum;
+      }
+    };
+    if (pool != nullptr) pool->run(0, n * H, 1, body);
+    else body(0, n * H);
+  }
+
+  int64_t bytes_per_token() const override {
+    return 2 * config_.num_layers * config_.kv_dim() * static_cast<int64_t>(sizeof(T));
+  }
+  int64_t bytes_used() const override {
+    int64_t tokens = 0;
+    for (const Seq& s : seqs_) tokens += s.active ? s.length : 0;
+    return tokens * bytes_per_token();
+  }
+  std::string describe() const override { return options_.describe() + " (dense)"; }
+
+ private:
+  struct Seq {
+    bool active = false;
+    int64_t length = 0;
+    std::vector<std::vector<T>> k, v;  // [layer][token * kv_dim]
+  };
+  Seq make_seq() const {
+    Seq s;
+    s.active = true;
+    s.k.resize(static_cast<size_t>(config_.num_layers));
+    s.v.resize(static_cast<size_t>(config_.num_layers));
+    return s;
+  }
+  Seq& get(int seq) {
+    if (seq < 0 || static_cast<size_t>(seq) >= seqs_.size() || !seqs_[static_cast<size_t>(seq)].active)
+      fail_argument("seq", seq, "an active sequence id");
+    return seqs_[static_cast<size_t>(seq)];
+  }
+  const Seq& get(int seq) const { return const_cast<DenseKvStore*>(this)->get(seq); }
+
+  ModelConfig config_;
+  KvOptions options_;
+  std::vector<Seq> seqs_;
+};
+
+// ---- paged TurboQuant (kv module) --------------------------------------------------------
+
+kv::KvFormat to_kv_format(KvStorage s) {
+  switch (s) {
+    case KvStorage::fp16: return kv::KvFormat::fp16;
+    case KvStorage::tq4: return kv::KvFormat::tq4;
+    case KvStorage::tq3: return kv::KvFormat::tq3;
+    case KvStorage::tq2: return kv::KvFormat::tq2;
+    case KvStorage::fp32: break;
+  }
+  fail(ErrorKind::internal, "fp32 has no paged KV format");
+}
+
+class PagedKvStore final : public KvStore {
+ public:
+  PagedKvStore(const ModelConfig& c, const KvOptions& o) : config_(c), options_(o), cache_(make_config(c, o)) {}
+
+  int add_sequence() override {
+    if (active_ >= options_.max_sequences)
+      fail(ErrorKind::invalid_argument, "KV cache: all ", options_.max_sequences, " sequences are in use");
+    ++active_;
+    return cache_.add_sequence();
+  }
+  void release_sequence(int seq) override {
+    cache_.release_sequence(seq);
+    --active_;
+  }
+  int64_t extend(int seq, int64_t n) override {
+    if (cache_.length(seq) + n > options_.max_tokens)
+      fail(ErrorKind::invalid_argument, "KV cache: sequence ", seq, " would hold ", cache_.length(seq) + n,
+           " tokens, more than max_tokens = ", options_.max_tokens);
+    return cache_.extend(seq, n);
+  }
+  int64_t length(int seq) const override { return cache_.length(seq); }
+  void write(int layer, int seq, int64_t first_pos, int64_t n, std::span<const float> k,
+             std::span<const float> v) override {
+    cache_.write(layer, seq, first_pos, n, k, v);
+  }
+  void attend(int layer, int seq, int64_t first_pos, int64_t n, std::span<const float> q, std::span<float> out,
+              ThreadPool*) const override {
+    // The kv module's reference kernels parallelize internally.
+    kv::paged_prefill_attention_ref(cache_, layer, seq, first_pos, n, static_cast<int>(config_.num_heads), q, out);
+  }
+  int64_t bytes_per_token() const override { return cache_.bytes_per_token(); }
+  int64_t bytes_used() const override {
+    // Whole pages are taken per sequence.
+    return cache_.used_pages() * cache_.page_bytes();
+  }
+  std::string describe() const override {
+    std::ostringstream s;
+    s << options_.describe() << " (paged, " << options_.page_size << " tokens per page, haar rotation seed "
+      << options_.rotation_seed << " + 1000 * layer)";
+    return s.str();
+  }
+
+ private:
+  static kv::KvCacheConfig make_config(const ModelConfig& c, const KvOptions& o) {
+    kv::KvCacheConfig k;
+    k.num_layers = static_cast<int>(c.num_layers);
+    k.num_kv_heads = static_cast<int>(c.num_kv_heads);
+    k.head_dim = static_cast<int>(c.head_dim);
+    k.page_size = o.page_size;
+    const int64_t pages_per_seq = (o.max_tokens + o.page_size - 1) / o.page_size;
+    k.num_pages = pages_per_seq * o.max_sequences;
+    k.k_format = to_kv_format(o.k);
+    k.v_format = to_kv_format(o.v);
+    k.rotation_seed_base = o.rotation_seed;
+    k.validate();
+    return k;
+  }
+
+  ModelConfig config_;
+  KvOptions options_;
+  kv::PagedKvCache cache_;
+  int active_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<KvStore> make_kv_store(const ModelConfig& config, const KvOptions& options) {
+  options.validate();
+  if (options.k == KvStorage::fp32) return std::make_unique<DenseKvStore<float>>(config, options);
+  if (options.k == KvStorage::fp16 && options.v == KvStorage::fp16)
+    return std::make_unique<DenseKvStore<f16>>(config, options);
+  return std::make_unique<PagedKvStore>(config, options);
+}
+
+}  // namespace lowbit::engine
