@@ -142,6 +142,21 @@ inline constexpr double kOpsBf16Rtol = 0x1p-7;
 // at most the row's largest magnitude; 2^-20 of it leaves room for sincosf.
 inline constexpr double kOpsAbsFloorVsMax = 0x1p-20;
 
+// ---- KV cache on the GPU (tests/cuda/test_kv_*.cu) ----------------------------
+// Issue 4's bound for the CUDA attention against the CPU reference of the
+// quantized path (max |gpu - ref| / max |ref| per call). The kernel's own
+// rounding: q' and the centroids enter the tensor cores as fp16 (relative
+// 2^-11 each, random across the 128 terms of a score) and p * s_v as fp16;
+// accumulation is fp32. Observed errors are ~1e-4; a wrong index, scale, page
+// or merge weight gives errors of order 1.
+inline constexpr double kKvDeviceAttentionRelErr = 1e-3;
+// Issue 4: CPU and GPU quantizers agree on >= 99.9% of the indices; the rest
+// may differ only at boundary ties (adjacent cells).
+inline constexpr double kKvDeviceIndexMismatchMax = 1e-3;
+// Scales agree to f16 rounding: at most one f16 ulp apart (relative 2^-10),
+// the double norms being summed in a different order on the GPU.
+inline constexpr double kKvDeviceScaleRtol = 0x1p-10;
+
 // ---- entropy coding (lowbit/ans) ---------------------------------------------
 // Issue 5's size target: lowbit's format within 2% of the empirical entropy.
 // The 12-bit model alone costs ~0.1-0.4% on int8 Gaussian/Laplace codes (the

@@ -42,6 +42,8 @@ void add_bench_command(CLI::App& app) {
     options.dtype = dtype == "bf16" ? DType::bf16 : DType::f16;
     run_w4a16_gemm_benchmark(options);
   });
+
+  add_bench_attention_command(*bench);
 }
 
 }  // namespace lowbit::cli

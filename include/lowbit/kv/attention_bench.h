@@ -1,0 +1,32 @@
+// The KV-cache attention benchmark behind `lowbit bench attention`: tq4 decode
+// attention on the paged cache beside our own FP16 paged decode kernel (the
+// same kernel reading fp16 K/V) and the torch SDPA anchors measured on the
+// same H100, at the Qwen3-14B attention geometry (40 query heads over 8 KV
+// heads, d = 128); plus the cost of quantizing a long prefill's K/V against
+// that prefill's attention. Plain C++ header: a build without CUDA links a
+// version that throws Error(unsupported).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace lowbit {
+
+struct KvAttentionBenchOptions {
+  std::vector<int> batches = {1, 8, 32};
+  std::vector<int64_t> contexts = {4096, 32768, 131072};
+  int page_size = 128;
+  int reps = 50;                   // timed calls per decode point (median reported)
+  int64_t prefill_tokens = 32768;  // the prefill whose K/V quantization is timed; 0 skips it
+  int prefill_reps = 3;            // the prefill attention takes ~0.1 s per call
+  std::string json_path;           // JSON rows, one per line, when not empty
+};
+
+// Runs on device 0, printing one line per measurement and a summary table
+// with the targets beside the measurements. Configurations that do not
+// fit in device memory are skipped with a message. Throws
+// Error(invalid_argument) for a non-positive batch, context or reps.
+void run_kv_attention_benchmark(const KvAttentionBenchOptions& options);
+
+}  // namespace lowbit

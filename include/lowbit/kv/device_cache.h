@@ -1,0 +1,145 @@
+// The paged TurboQuant KV cache on a CUDA device, and the kernels that write
+// it (quantize + append) and attend over it (decode, causal prefill).
+//
+// Layout: byte for byte the layout of PagedKvCache (paged_cache.h): one pool
+// per layer of num_pages * num_kv_heads slabs, the same PageLayout, the same
+// packed indices and scales, the same rotation per layer. So a host pool can
+// be uploaded and a device pool downloaded and compared with memcmp.
+// Pages are still allocated on the host (PagedKvCache or the caller's own
+// allocator); the device gets the block tables (DeviceBlockTables) of the
+// sequences a call works on.
+//
+// What the kernels do (docs/kv-cache.md has the why):
+//  - write: one CTA of 128 threads (one per coordinate) quantizes batches of 8
+//    K/V vectors with the layer's rotation in shared memory, with the host
+//    quantizer's arithmetic (fp32 products and sums in the same order, IEEE
+//    division, double norms), so indices and scales match the CPU's.
+//  - decode: q is rotated once per query head (a small kernel), one CTA per
+//    (sequence, KV head, KV chunk) streams the chunk's pages with cp.async
+//    and scores all query heads of the KV head together on tensor cores
+//    (mma.m16n8k16, fp16 operands, fp32 accumulation): the packed indices
+//    become fp16 centroid pairs through a 256-entry table in shared memory,
+//    scores stay in the rotated domain, values are accumulated rotated; a
+//    merge kernel combines the chunks (exact log-sum-exp merge) and
+//    un-rotates each output once.
+//  - prefill: the decode kernel with one row per query token, each attending
+//    causally to the tokens up to its own position (correct, not fast: the
+//    K/V of the block are re-read per query token, mostly from L2).
+// Restrictions of the device path: head_dim 128, at most 16 query heads per KV
+// head. The write kernel does not validate values (that would need a device
+// to host round trip per step): a non-finite K/V or a scale beyond f16's
+// range stores a non-finite scale, which attention turns into NaN outputs
+// (visible, never a plausible wrong number).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "lowbit/core/tensor.h"
+#include "lowbit/kv/paged_cache.h"
+
+namespace lowbit::kv {
+
+inline constexpr int kDeviceHeadDim = 128;
+inline constexpr int kDeviceMaxGroup = 16;
+
+class DeviceKvCache {
+ public:
+  // Allocates and zeroes the pools on the current device, uploads the
+  // rotations. Throws Error(invalid_argument) for a config the device path
+  // does not support (head_dim != 128).
+  explicit DeviceKvCache(const KvCacheConfig& config);
+
+  const KvCacheConfig& config() const { return config_; }
+  const PageLayout& layout() const { return layout_; }
+  int64_t pool_bytes() const { return pool_bytes_; }  // one layer
+  std::byte* pool(int layer) const;
+  // The layer's rotation M (row-major fp32, rotation.h) and its transpose.
+  const float* rotation(int layer) const;
+  const float* rotation_t(int layer) const;
+  // Hadamard signs (d floats) of the layer; nullptr for haar.
+  const float* hadamard_signs(int layer) const;
+  const VectorQuantizer* quantizer(KvPart part) const {
+    return part == KvPart::key ? k_quantizer_.get() : v_quantizer_.get();
+  }
+
+  // Copies every layer's pool from / to a host cache of the same config.
+  void upload(const PagedKvCache& host);
+  std::vector<std::byte> download_pool(int layer) const;
+
+ private:
+  KvCacheConfig config_;
+  PageLayout layout_;
+  int64_t pool_bytes_ = 0;
+  std::vector<Buffer> pools_, rotations_, rotations_t_, signs_;
+  std::unique_ptr<VectorQuantizer> k_quantizer_, v_quantizer_;
+};
+
+// Block tables and lengths of the sequences (rows) of one call, on the device.
+struct DeviceBlockTables {
+  Buffer tables;   // int32 [rows][stride]
+  Buffer lengths;  // int32 [rows]
+  int rows = 0;
+  int64_t stride = 0;
+  std::vector<int64_t> host_lengths;
+  int64_t max_length = 0;
+
+  // The tables and lengths of `seqs` of a host cache.
+  static DeviceBlockTables from_cache(const PagedKvCache& cache, std::span<const int> seqs);
+  // From explicit tables (each at least ceil(length / page_size) pages).
+  static DeviceBlockTables from_host(std::span<const std::vector<int32_t>> tables,
+                                     std::span<const int64_t> lengths, int page_size);
+};
+
+// Quantizes and stores one token per row: row b's k/v ([rows][num_kv_heads]
+// [head_dim] fp32, device) go to position lengths[b] - 1 of row b (the caller
+// extended the sequence first, as with PagedKvCache::write_token).
+void device_append_tokens(const DeviceKvCache& cache, int layer, const DeviceBlockTables& tables,
+                          const float* k, const float* v, cudaStream_t stream = nullptr);
+// Quantizes and stores tokens first_pos .. first_pos + n_tokens - 1 of row
+// `row` (k, v: [n_tokens][num_kv_heads][head_dim] fp32, device).
+void device_write_tokens(const DeviceKvCache& cache, int layer, const DeviceBlockTables& tables, int row,
+                         int64_t first_pos, int64_t n_tokens, const float* k, const float* v,
+                         cudaStream_t stream = nullptr);
+
+// Scratch memory of the attention calls (rotated queries, split partials).
+// Grows on demand; one per stream.
+class AttentionWorkspace {
+ public:
+  float* q_rotated(size_t floats);
+  float* partial_out(size_t floats);
+  float* partial_lse(size_t floats);
+
+ private:
+  Buffer q_, out_, lse_;
+};
+
+struct DeviceDecodeOptions {
+  float softmax_scale = 0.0f;  // 0: 1 / sqrt(head_dim)
+  int64_t split_tokens = 0;    // KV chunk per CTA, a multiple of 16; 0: chosen by decode_split_tokens
+};
+
+// The chunk length the decode kernel uses when none is given: enough CTAs
+// for two waves of two CTAs per SM over rows * num_kv_heads, but chunks of at
+// least 128 tokens (a CTA's fixed cost is a few tiles' worth); a multiple of 16.
+int64_t decode_split_tokens(int rows, int num_kv_heads, int64_t max_length, int sm_count);
+
+// Decode attention (attention_ref.h's paged_decode_attention_ref): q, out
+// [rows][num_q_heads][head_dim] fp32 on the device. Every row's length >= 1.
+void device_decode_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTables& tables,
+                             int num_q_heads, const float* q, float* out, AttentionWorkspace& workspace,
+                             const DeviceDecodeOptions& options = {}, cudaStream_t stream = nullptr);
+
+// Causal prefill attention (paged_prefill_attention_ref) for tokens
+// first_pos .. first_pos + n_tokens - 1 of row `row`, already written.
+// q, out [n_tokens][num_q_heads][head_dim] fp32 on the device.
+void device_prefill_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTables& tables, int row,
+                              int64_t first_pos, int64_t n_tokens, int num_q_heads, const float* q, float* out,
+                              AttentionWorkspace& workspace, const DeviceDecodeOptions& options = {},
+                              cudaStream_t stream = nullptr);
+
+}  // namespace lowbit::kv

@@ -1,0 +1,380 @@
+// The CUDA KV cache against the CPU one (paged_cache.h, attention_ref.h):
+//  - the device rotation matrices are the host's, bit for bit;
+//  - the device quantizer writes the host's bytes (indices identical on
+//    >= 99.9% of coordinates, only adjacent cells otherwise; scales within
+//    one f16 ulp; fp16 rows identical) for prefill blocks and decode appends;
+//  - decode attention equals the CPU reference of the quantized path to
+//    1e-3 relative for every K/V format pair, GQA, page boundaries (lengths
+//    1, P-1, P, P+1), mixed batches, forced and automatic KV splits;
+//  - causal prefill (whole and chunked) likewise;
+//  - bad arguments throw.
+// Outputs are poisoned with NaN before each call, so an unwritten element fails.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "error_matchers.h"
+#include "gpu_test_util.h"
+#include "kv/kv_test_util.h"
+#include "lowbit/core/half.h"
+#include "lowbit/cuda/check.h"
+#include "lowbit/kv/attention_ref.h"
+#include "lowbit/kv/device_cache.h"
+#include "tolerances.h"
+
+namespace lowbit::kv {
+namespace {
+
+using kvtest::DataKind;
+using lowbit::test::throws_error;
+
+constexpr int kLayers = 2;
+constexpr int kTestLayer = 1;  // not layer 0: the per-layer rotation seed must be honoured
+
+KvCacheConfig make_config(KvFormat kf, KvFormat vf, int page_size, int64_t pages, int kv_heads = 8,
+                          ScaleDType scale = ScaleDType::f16, RotationKind rotation = RotationKind::haar) {
+  KvCacheConfig c;
+  c.num_layers = kLayers;
+  c.num_kv_heads = kv_heads;
+  c.head_dim = 128;
+  c.page_size = page_size;
+  c.num_pages = pages;
+  c.k_format = kf;
+  c.v_format = vf;
+  c.scale_dtype = scale;
+  c.rotation = rotation;
+  return c;
+}
+
+int64_t pages_for(const std::vector<int64_t>& lens, int page_size) {
+  int64_t n = 4;  // a few spare pages
+  for (int64_t l : lens) n += (l + page_size - 1) / page_size;
+  return n;
+}
+
+// A host cache holding a batch of sequences whose block tables interleave
+// (they grow round-robin), with their K/V kept aside.
+struct HostBatch {
+  PagedKvCache cache;
+  std::vector<int> seqs;
+  std::vector<std::vector<float>> k, v;  // per sequence [len][H][d]
+  std::vector<int64_t> lens;
+
+  HostBatch(const KvCacheConfig& config, const std::vector<int64_t>& lengths, DataKind kind, uint64_t seed,
+            bool write_on_host = true)
+      : cache(config), lens(lengths) {
+    const int H = config.num_kv_heads, d = config.head_dim;
+    for (size_t b = 0; b < lens.size(); ++b) {
+      seqs.push_back(cache.add_sequence());
+      k.push_back(kvtest::random_rows(lens[b], H, d, seed + 2 * b, kind, true));
+      v.push_back(kvtest::random_rows(lens[b], H, d, seed + 2 * b + 1, kind, false));
+    }
+    const int64_t step = 7;
+    for (int64_t start = 0;; start += step) {
+      bool any = false;
+      for (size_t b = 0; b < lens.size(); ++b) {
+        const int64_t n = std::min(step, lens[b] - start);
+        if (n <= 0) continue;
+        any = true;
+        cache.extend(seqs[b], n);
+      }
+      if (!any) break;
+    }
+    if (write_on_host)
+      for (size_t b = 0; b < lens.size(); ++b)
+        for (int layer = 0; layer < config.num_layers; ++layer) cache.write(layer, seqs[b], 0, lens[b], k[b], v[b]);
+  }
+};
+
+Buffer to_device(const std::vector<float>& x) {
+  Buffer b(x.size() * 4, Device::cuda);
+  Buffer::copy(b.data(), Device::cuda, x.data(), Device::cpu, x.size() * 4);
+  return b;
+}
+
+std::vector<float> from_device(const Buffer& b, size_t floats) {
+  std::vector<float> x(floats);
+  Buffer::copy(x.data(), Device::cpu, b.data(), Device::cuda, floats * 4);
+  return x;
+}
+
+Buffer poisoned_output(size_t floats) {
+  Buffer b(floats * 4, Device::cuda);
+  LOWBIT_CUDA_CHECK(cudaMemset(b.data(), 0xFF, b.size()));  // NaN
+  return b;
+}
+
+::testing::AssertionResult close_to_reference(const std::vector<float>& gpu, const std::vector<float>& ref) {
+  for (size_t i = 0; i < gpu.size(); ++i)
+    if (!std::isfinite(gpu[i])) return ::testing::AssertionFailure() << "non-finite output at " << i << ": " << gpu[i];
+  const double err = kvtest::max_relative_error(gpu, ref);
+  if (err > test::kKvDeviceAttentionRelErr)
+    return ::testing::AssertionFailure() << "max relative error " << err << " > " << test::kKvDeviceAttentionRelErr;
+  return ::testing::AssertionSuccess() << "max relative error " << err;
+}
+
+std::string name(KvFormat kf, KvFormat vf) { return std::string(kv_format_name(kf)) + "/" + kv_format_name(vf); }
+
+const KvFormat kAllFormats[] = {KvFormat::tq4, KvFormat::tq3, KvFormat::tq2, KvFormat::fp16};
+
+// ------------------------------------------------------------------------------
+
+TEST(KvDevice, RotationMatricesAreTheHostsBits) {
+  LOWBIT_REQUIRE_GPU();
+  for (RotationKind kind : {RotationKind::haar, RotationKind::hadamard}) {
+    const KvCacheConfig c = make_config(KvFormat::tq4, KvFormat::tq4, 16, 1, 8, ScaleDType::f16, kind);
+    const DeviceKvCache dev(c);
+    const PagedKvCache host(c);
+    for (int layer = 0; layer < kLayers; ++layer) {
+      const std::vector<float> m = host.rotation(layer).dense_matrix();
+      std::vector<float> got(m.size()), got_t(m.size());
+      Buffer::copy(got.data(), Device::cpu, dev.rotation(layer), Device::cuda, m.size() * 4);
+      Buffer::copy(got_t.data(), Device::cpu, dev.rotation_t(layer), Device::cuda, m.size() * 4);
+      EXPECT_EQ(std::memcmp(got.data(), m.data(), m.size() * 4), 0) << rotation_kind_name(kind) << " layer " << layer;
+      for (int i = 0; i < 128; ++i)
+        for (int j = 0; j < 128; ++j)
+          ASSERT_EQ(got_t[static_cast<size_t>(j * 128 + i)], m[static_cast<size_t>(i * 128 + j)]);
+    }
+  }
+}
+
+// Compares two pools slot by slot: fp16 rows bytewise, indices (mismatches
+// counted, each must be an adjacent cell), scales to one f16 ulp.
+struct PoolComparison {
+  int64_t coords = 0, index_mismatches = 0, far_mismatches = 0, scale_mismatches = 0, fp16_mismatches = 0;
+};
+
+PoolComparison compare_pools(const PagedKvCache& host, const std::vector<std::byte>& dev, int layer) {
+  const KvCacheConfig& c = host.config();
+  const PageLayout& l = host.layout();
+  const std::span<const std::byte> ref = host.layer_pool(layer);
+  PoolComparison r;
+  const int d = c.head_dim;
+  std::vector<uint8_t> ia(static_cast<size_t>(d)), ib(static_cast<size_t>(d));
+  for (int64_t slab = 0; slab < c.num_pages * c.num_kv_heads; ++slab)
+    for (KvPart part : {KvPart::key, KvPart::value}) {
+      const bool key = part == KvPart::key;
+      const VectorQuantizer* q = host.quantizer(part);
+      const int64_t rows = slab * l.bytes + (key ? l.k_rows : l.v_rows);
+      const int64_t row_bytes = key ? l.k_row_bytes : l.v_row_bytes;
+      for (int slot = 0; slot < c.page_size; ++slot) {
+        const auto* a = reinterpret_cast<const uint8_t*>(ref.data() + rows + slot * row_bytes);
+        const auto* b = reinterpret_cast<const uint8_t*>(dev.data() + rows + slot * row_bytes);
+        if (q == nullptr) {
+          r.fp16_mismatches += std::memcmp(a, b, static_cast<size_t>(row_bytes)) != 0;
+          continue;
+        }
+        unpack_indices(q->bits(), {a, static_cast<size_t>(row_bytes)}, ia);
+        unpack_indices(q->bits(), {b, static_cast<size_t>(row_bytes)}, ib);
+        for (int j = 0; j < d; ++j) {
+          ++r.coords;
+          if (ia[j] != ib[j]) {
+            ++r.index_mismatches;
+            if (std::abs(int{ia[j]} - int{ib[j]}) != 1) ++r.far_mismatches;
+          }
+        }
+        const int64_t sb = key ? l.k_scale_bytes : l.v_scale_bytes;
+        const int64_t at = slab * l.bytes + (key ? l.k_scales : l.v_scales) + slot * sb;
+        const float sa = q->load_scale({ref.data() + at, static_cast<size_t>(sb)});
+        const float sd = q->load_scale({dev.data() + at, static_cast<size_t>(sb)});
+        if (!(std::abs(sa - sd) <= test::kKvDeviceScaleRtol * std::max(std::abs(sa), std::abs(sd))))
+          ++r.scale_mismatches;
+      }
+    }
+  return r;
+}
+
+TEST(KvDevice, WriteMatchesHostQuantizer) {
+  LOWBIT_REQUIRE_GPU();
+  struct Case {
+    KvFormat kf, vf;
+    ScaleDType scale;
+    RotationKind rotation;
+    DataKind data;
+  };
+  const Case cases[] = {
+      {KvFormat::tq4, KvFormat::tq4, ScaleDType::f16, RotationKind::haar, DataKind::gaussian},
+      {KvFormat::tq4, KvFormat::tq4, ScaleDType::f32, RotationKind::haar, DataKind::outliers},
+      {KvFormat::tq3, KvFormat::tq2, ScaleDType::f16, RotationKind::haar, DataKind::gaussian},
+      {KvFormat::tq2, KvFormat::tq3, ScaleDType::f16, RotationKind::hadamard, DataKind::outliers},
+      {KvFormat::fp16, KvFormat::tq4, ScaleDType::f16, RotationKind::hadamard, DataKind::gaussian},
+      {KvFormat::tq4, KvFormat::fp16, ScaleDType::f16, RotationKind::haar, DataKind::gaussian},
+  };
+  const std::vector<int64_t> lens = {1, 15, 16, 17, 250};
+  for (const Case& cs : cases) {
+    SCOPED_TRACE(name(cs.kf, cs.vf) + " " + scale_dtype_name(cs.scale) + " " + rotation_kind_name(cs.rotation));
+    const KvCacheConfig c = make_config(cs.kf, cs.vf, 16, pages_for(lens, 16), 8, cs.scale, cs.rotation);
+    HostBatch hb(c, lens, cs.data, 100);
+    DeviceKvCache dev(c);
+    const DeviceBlockTables tables = DeviceBlockTables::from_cache(hb.cache, hb.seqs);
+    const int H = c.num_kv_heads, d = c.head_dim;
+    const size_t vec = static_cast<size_t>(H) * d;
+    // Prefill all but the last token of each row, then append the last tokens together (decode).
+    std::vector<float> k_last, v_last;
+    for (size_t b = 0; b < lens.size(); ++b) {
+      if (lens[b] > 1) {
+        const size_t n = static_cast<size_t>(lens[b] - 1) * vec;
+        const Buffer k = to_device({hb.k[b].begin(), hb.k[b].begin() + static_cast<int64_t>(n)});
+        const Buffer v = to_device({hb.v[b].begin(), hb.v[b].begin() + static_cast<int64_t>(n)});
+        device_write_tokens(dev, kTestLayer, tables, static_cast<int>(b), 0, lens[b] - 1, k.as<float>(),
+                            v.as<float>());
+      }
+      const size_t at = static_cast<size_t>(lens[b] - 1) * vec;
+      k_last.insert(k_last.end(), hb.k[b].begin() + static_cast<int64_t>(at), hb.k[b].end());
+      v_last.insert(v_last.end(), hb.v[b].begin() + static_cast<int64_t>(at), hb.v[b].end());
+    }
+    const Buffer kl = to_device(k_last), vl = to_device(v_last);
+    device_append_tokens(dev, kTestLayer, tables, kl.as<float>(), vl.as<float>());
+    LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+    const PoolComparison r = compare_pools(hb.cache, dev.download_pool(kTestLayer), kTestLayer);
+    EXPECT_EQ(r.fp16_mismatches, 0);
+    EXPECT_EQ(r.scale_mismatches, 0);
+    EXPECT_EQ(r.far_mismatches, 0);
+    EXPECT_LE(static_cast<double>(r.index_mismatches), test::kKvDeviceIndexMismatchMax * static_cast<double>(r.coords))
+        << r.index_mismatches << " of " << r.coords;
+    RecordProperty("index_mismatches_" + name(cs.kf, cs.vf), std::to_string(r.index_mismatches));
+  }
+}
+
+// Device decode on a host-written cache vs paged_decode_attention_ref.
+void check_decode(KvFormat kf, KvFormat vf, int page_size, const std::vector<int64_t>& lens, int q_heads, int kv_heads,
+                  int64_t split_tokens, DataKind data = DataKind::gaussian, ScaleDType scale = ScaleDType::f16) {
+  SCOPED_TRACE(name(kf, vf) + " P=" + std::to_string(page_size) + " split=" + std::to_string(split_tokens) +
+               " heads " + std::to_string(q_heads) + "/" + std::to_string(kv_heads));
+  const KvCacheConfig c = make_config(kf, vf, page_size, pages_for(lens, page_size), kv_heads, scale);
+  HostBatch hb(c, lens, data, 7 + static_cast<uint64_t>(page_size));
+  DeviceKvCache dev(c);
+  dev.upload(hb.cache);
+  const DeviceBlockTables tables = DeviceBlockTables::from_cache(hb.cache, hb.seqs);
+  const int batch = static_cast<int>(lens.size());
+  const std::vector<float> q = kvtest::random_rows(batch, q_heads, 128, 999, DataKind::gaussian, false);
+  std::vector<float> ref(q.size());
+  paged_decode_attention_ref(hb.cache, kTestLayer, hb.seqs, q_heads, q, ref);
+  const Buffer qd = to_device(q);
+  Buffer out = poisoned_output(q.size());
+  AttentionWorkspace ws;
+  DeviceDecodeOptions o;
+  o.split_tokens = split_tokens;
+  device_decode_attention(dev, kTestLayer, tables, q_heads, qd.as<float>(), out.as<float>(), ws, o);
+  LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_TRUE(close_to_reference(from_device(out, q.size()), ref));
+}
+
+TEST(KvDevice, DecodeEveryFormatPair) {
+  LOWBIT_REQUIRE_GPU();
+  for (KvFormat kf : kAllFormats)
+    for (KvFormat vf : kAllFormats) check_decode(kf, vf, 16, {1, 15, 16, 17, 300}, 40, 8, 0);
+}
+
+TEST(KvDevice, DecodePageBoundariesAndSplits) {
+  LOWBIT_REQUIRE_GPU();
+  for (int64_t split : {int64_t{0}, int64_t{16}, int64_t{48}, int64_t{4096}}) {
+    check_decode(KvFormat::tq4, KvFormat::tq4, 128, {1, 127, 128, 129, 1000, 3001}, 40, 8, split);
+    check_decode(KvFormat::fp16, KvFormat::fp16, 128, {1, 127, 128, 129, 1000, 3001}, 40, 8, split);
+  }
+  check_decode(KvFormat::tq4, KvFormat::tq4, 256, {255, 256, 257, 2000}, 40, 8, 0);
+}
+
+TEST(KvDevice, DecodeGqaShapesScalesAndOutliers) {
+  LOWBIT_REQUIRE_GPU();
+  check_decode(KvFormat::tq4, KvFormat::tq4, 32, {5, 64, 700}, 8, 8, 0);    // MHA
+  check_decode(KvFormat::tq4, KvFormat::tq4, 32, {5, 64, 700}, 16, 1, 0);   // 16 query heads on one KV head
+  check_decode(KvFormat::tq4, KvFormat::tq4, 32, {5, 64, 700}, 12, 4, 32);  // group 3
+  check_decode(KvFormat::tq4, KvFormat::tq4, 16, {33, 400}, 40, 8, 0, DataKind::outliers);
+  check_decode(KvFormat::tq3, KvFormat::tq4, 16, {33, 400}, 40, 8, 0, DataKind::gaussian, ScaleDType::f32);
+}
+
+TEST(KvDevice, DecodeManyMixedSequences) {
+  LOWBIT_REQUIRE_GPU();
+  std::vector<int64_t> lens;
+  for (int i = 0; i < 37; ++i) lens.push_back(1 + (i * 997) % 1500);
+  check_decode(KvFormat::tq4, KvFormat::tq4, 64, lens, 40, 8, 0);
+}
+
+// Device write + device decode against the CPU reference of the host-written
+// cache: the whole device path end to end.
+TEST(KvDevice, WriteThenDecodeEndToEnd) {
+  LOWBIT_REQUIRE_GPU();
+  const std::vector<int64_t> lens = {3, 129, 600};
+  const KvCacheConfig c = make_config(KvFormat::tq4, KvFormat::tq4, 128, pages_for(lens, 128));
+  HostBatch hb(c, lens, DataKind::gaussian, 31);
+  DeviceKvCache dev(c);
+  const DeviceBlockTables tables = DeviceBlockTables::from_cache(hb.cache, hb.seqs);
+  for (size_t b = 0; b < lens.size(); ++b) {
+    const Buffer k = to_device(hb.k[b]), v = to_device(hb.v[b]);
+    device_write_tokens(dev, kTestLayer, tables, static_cast<int>(b), 0, lens[b], k.as<float>(), v.as<float>());
+  }
+  const std::vector<float> q = kvtest::random_rows(3, 40, 128, 5, DataKind::gaussian, false);
+  std::vector<float> ref(q.size());
+  paged_decode_attention_ref(hb.cache, kTestLayer, hb.seqs, 40, q, ref);
+  const Buffer qd = to_device(q);
+  Buffer out = poisoned_output(q.size());
+  AttentionWorkspace ws;
+  device_decode_attention(dev, kTestLayer, tables, 40, qd.as<float>(), out.as<float>(), ws);
+  LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_TRUE(close_to_reference(from_device(out, q.size()), ref));
+}
+
+void check_prefill(KvFormat kf, KvFormat vf, int64_t len, int64_t first_pos, int64_t split_tokens) {
+  SCOPED_TRACE(name(kf, vf) + " len " + std::to_string(len) + " first_pos " + std::to_string(first_pos));
+  const std::vector<int64_t> lens = {len};
+  const KvCacheConfig c = make_config(kf, vf, 16, pages_for(lens, 16));
+  HostBatch hb(c, lens, DataKind::gaussian, 77);
+  DeviceKvCache dev(c);
+  dev.upload(hb.cache);
+  const DeviceBlockTables tables = DeviceBlockTables::from_cache(hb.cache, hb.seqs);
+  const int64_t n = len - first_pos;
+  const std::vector<float> q = kvtest::random_rows(n, 40, 128, 6, DataKind::gaussian, false);
+  std::vector<float> ref(q.size());
+  paged_prefill_attention_ref(hb.cache, kTestLayer, hb.seqs[0], first_pos, n, 40, q, ref);
+  const Buffer qd = to_device(q);
+  Buffer out = poisoned_output(q.size());
+  AttentionWorkspace ws;
+  DeviceDecodeOptions o;
+  o.split_tokens = split_tokens;
+  device_prefill_attention(dev, kTestLayer, tables, 0, first_pos, n, 40, qd.as<float>(), out.as<float>(), ws, o);
+  LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_TRUE(close_to_reference(from_device(out, q.size()), ref));
+}
+
+TEST(KvDevice, PrefillCausal) {
+  LOWBIT_REQUIRE_GPU();
+  check_prefill(KvFormat::tq4, KvFormat::tq4, 200, 0, 0);
+  check_prefill(KvFormat::tq4, KvFormat::tq4, 333, 100, 0);   // chunked: earlier tokens already cached
+  check_prefill(KvFormat::tq4, KvFormat::tq4, 333, 100, 32);  // and split
+  check_prefill(KvFormat::fp16, KvFormat::tq3, 97, 17, 0);
+  check_prefill(KvFormat::tq2, KvFormat::fp16, 64, 0, 16);
+}
+
+TEST(KvDevice, RejectsBadArguments) {
+  LOWBIT_REQUIRE_GPU();
+  KvCacheConfig c = make_config(KvFormat::tq4, KvFormat::tq4, 16, 4);
+  c.head_dim = 64;
+  EXPECT_TRUE(throws_error([&] { DeviceKvCache bad(c); }, ErrorKind::invalid_argument, "head_dim"));
+  const std::vector<int64_t> lens = {20};
+  const KvCacheConfig ok = make_config(KvFormat::tq4, KvFormat::tq4, 16, 4, 2);
+  HostBatch hb(ok, lens, DataKind::gaussian, 1);
+  DeviceKvCache dev(ok);
+  const DeviceBlockTables tables = DeviceBlockTables::from_cache(hb.cache, hb.seqs);
+  Buffer q(40 * 128 * 4, Device::cuda), out(40 * 128 * 4, Device::cuda);
+  AttentionWorkspace ws;
+  EXPECT_TRUE(throws_error(
+      [&] { device_decode_attention(dev, 0, tables, 40, q.as<float>(), out.as<float>(), ws); },
+      ErrorKind::invalid_argument, "num_q_heads"));  // 20 query heads per KV head
+  DeviceDecodeOptions o;
+  o.split_tokens = 24;
+  EXPECT_TRUE(throws_error([&] { device_decode_attention(dev, 0, tables, 4, q.as<float>(), out.as<float>(), ws, o); },
+                           ErrorKind::invalid_argument, "split_tokens"));
+  EXPECT_TRUE(throws_error([&] { device_decode_attention(dev, 2, tables, 4, q.as<float>(), out.as<float>(), ws); },
+                           ErrorKind::invalid_argument, "layer"));
+  EXPECT_TRUE(throws_error(
+      [&] { device_prefill_attention(dev, 0, tables, 0, 10, 11, 4, q.as<float>(), out.as<float>(), ws); },
+      ErrorKind::invalid_argument, "first_pos"));
+}
+
+}  // namespace
+}  // namespace lowbit::kv

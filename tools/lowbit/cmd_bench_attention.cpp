@@ -1,0 +1,42 @@
+// `lowbit bench attention`: decode attention on the paged TurboQuant KV cache
+// (tq4) beside our FP16 paged kernel and the torch SDPA anchors, plus the cost
+// of quantizing a long prefill's K/V.
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "lowbit/kv/attention_bench.h"
+
+namespace lowbit::cli {
+
+void add_bench_attention_command(CLI::App& bench) {
+  auto* cmd = bench.add_subcommand(
+      "attention",
+      "KV-cache decode attention, Qwen3-14B geometry (40 query heads over 8 KV heads, d = 128): tq4 K/V\n"
+      "vs our FP16 paged kernel vs the torch SDPA anchors, random paged caches, L2 flushed before every\n"
+      "timed call, median of the reps; bytes per token and GB/s on the K/V bytes read. Then the cost of\n"
+      "quantizing a prefill's K/V against that prefill's attention. Prints a summary with the targets.");
+  static KvAttentionBenchOptions options;
+  cmd->add_option("--batch", options.batches, "Batch sizes, comma-separated")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--context", options.contexts, "Context lengths in tokens, comma-separated")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--page-size", options.page_size, "Tokens per page (a multiple of 16 in [16, 256])")
+      ->check(CLI::Range(16, 256))
+      ->capture_default_str();
+  cmd->add_option("--reps", options.reps, "Timed calls per decode point")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--prefill-tokens", options.prefill_tokens, "Prefill length for the quantization cost (0: skip)")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
+  cmd->add_option("--prefill-reps", options.prefill_reps, "Timed calls of the prefill attention")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--json", options.json_path, "Write one JSON row per measurement to this file");
+  cmd->callback([] { run_kv_attention_benchmark(options); });
+}
+
+}  // namespace lowbit::cli
