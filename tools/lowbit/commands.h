@@ -14,6 +14,7 @@ void add_dequantize_command(CLI::App& app);
 void add_kv_command(CLI::App& app);
 void add_ans_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
-void add_bench_attention_command(CLI::App& bench);  // under `bench`
+void add_bench_attention_command(CLI::App& bench);
+void add_bench_model_command(CLI::App& bench);  // under `bench`
 
 }  // namespace lowbit::cli
