@@ -20,6 +20,7 @@ build: deps
 	cmake --build $(BUILD) -j $(JOBS)
 
 test: build
+	scripts/fetch-default-model >/dev/null
 	$(MAKE) --no-print-directory test-cpp test-python
 
 test-cpp:

@@ -2,6 +2,7 @@
 // bytes), its config, and the quantization format and group size detected
 // from the config and checked against the tensor shapes.
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <string>
@@ -10,6 +11,7 @@
 
 #include "commands.h"
 #include "lowbit/checkpoint/quantized_checkpoint.h"
+#include "lowbit/gguf/gguf_file.h"
 #include "lowbit/io/hf_config.h"
 
 namespace lowbit::cli {
@@ -132,6 +134,67 @@ void print_text(const nlohmann::json& r) {
   }
 }
 
+// ---- GGUF files ----------------------------------------------------------------
+
+bool is_gguf_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char magic[4] = {};
+  return in.read(magic, 4) && std::string(magic, 4) == "GGUF";
+}
+
+nlohmann::json inspect_gguf(const std::string& path) {
+  const gguf::GgufFile f = gguf::GgufFile::open(path);
+  nlohmann::json out;
+  out["path"] = path;
+  out["format"] = "gguf";
+  out["version"] = f.version();
+  out["alignment"] = f.alignment();
+  out["architecture"] = f.get_string_or("general.architecture", "");
+  nlohmann::json meta = nlohmann::json::object();
+  for (const auto& k : f.metadata_keys()) meta[k] = f.describe_value(k);
+  out["metadata"] = meta;
+  nlohmann::json tensors = nlohmann::json::array();
+  uint64_t total = 0;
+  std::map<std::string, int> types;
+  for (const auto& t : f.tensors()) {
+    tensors.push_back({{"name", t.name}, {"type", gguf::ggml_type_name(t.type)}, {"shape", t.shape},
+                       {"bytes", t.nbytes}});
+    total += t.nbytes;
+    ++types[gguf::ggml_type_name(t.type)];
+  }
+  out["tensors"] = tensors;
+  out["tensor_types"] = types;
+  out["total_bytes"] = total;
+  return out;
+}
+
+void print_gguf_text(const nlohmann::json& r) {
+  std::cout << r["path"].get<std::string>() << ": GGUF v" << r["version"] << ", " << r["tensors"].size()
+            << " tensors, " << human_bytes(r["total_bytes"].get<double>()) << " (";
+  bool first = true;
+  for (const auto& [type, n] : r["tensor_types"].items()) {
+    std::cout << (first ? "" : ", ") << n << " x " << type;
+    first = false;
+  }
+  std::cout << ")\n";
+  const auto& m = r["metadata"];
+  if (!r["architecture"].get<std::string>().empty())
+    std::cout << "architecture: " << r["architecture"].get<std::string>() << "\n";
+  std::cout << "\nmetadata:\n";
+  for (const auto& [k, v] : m.items()) std::cout << "  " << k << " = " << v.get<std::string>() << "\n";
+  std::cout << "\n";
+  size_t width = 4;
+  for (const auto& t : r["tensors"]) width = std::max(width, t["name"].get<std::string>().size());
+  std::printf("%-*s  %-5s  %-18s  %s\n", static_cast<int>(width), "name", "type", "shape (ggml order)", "bytes");
+  for (const auto& t : r["tensors"]) {
+    std::string shape = "[";
+    for (size_t i = 0; i < t["shape"].size(); ++i) shape += (i ? ", " : "") + std::to_string(t["shape"][i].get<int64_t>());
+    shape += "]";
+    std::printf("%-*s  %-5s  %-18s  %s\n", static_cast<int>(width), t["name"].get<std::string>().c_str(),
+                t["type"].get<std::string>().c_str(), shape.c_str(), human_bytes(t["bytes"].get<double>()).c_str());
+  }
+}
+
 }  // namespace
 
 void add_inspect_command(CLI::App& app) {
@@ -141,11 +204,19 @@ void add_inspect_command(CLI::App& app) {
       "quantization format and group size (GPTQ v1/v2, AWQ, or none)");
   static std::string path;
   static bool json = false;
-  cmd->add_option("PATH", path, "A .safetensors file, or a Hugging Face checkpoint folder")
+  cmd->add_option("PATH", path, "A .safetensors file, a Hugging Face checkpoint folder, or a .gguf file")
       ->required()
       ->check(CLI::ExistingPath);
   cmd->add_flag("--json", json, "Print JSON instead of text");
   cmd->callback([] {
+    if (is_gguf_file(path)) {  // GGUF model file: metadata summary and tensor table
+      const nlohmann::json g = inspect_gguf(path);
+      if (json)
+        std::cout << g.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+      else
+        print_gguf_text(g);
+      return;
+    }
     const nlohmann::json r = inspect(path);
     if (json)
       std::cout << r.dump(2) << "\n";

@@ -27,8 +27,8 @@
 // Errors are lowbit::Error: ErrorKind::io when the file cannot be opened or
 // mapped, ErrorKind::format for a malformed file (the message names the file,
 // the key or tensor and the bad value), ErrorKind::unsupported for a valid file
-// using something lowbit cannot read (a type with no dequantizer, a version
-// other than 2/3), ErrorKind::invalid_argument for a metadata getter called
+// using something lowbit cannot read (a type with no dequantizer, GGUF
+// version 1, arrays of arrays), ErrorKind::invalid_argument for a metadata getter called
 // on a missing key or a value of another type (the message names the key, the
 // requested type and the actual type).
 #pragma once
@@ -225,8 +225,9 @@ void dequantize_rows_to_f32(const GgufFile& file, const TensorInfo& info, int64_
 // True when to_quantized_linear maps the type exactly: Q4_1 and Q4_0.
 bool maps_to_quantized_linear(GgmlType type);
 
-// A 2-D Q4_1 or Q4_0 weight as lowbit's QuantizedLinear, bit-exact (every
-// dequantized weight equals ggml's):
+// A 2-D Q4_1 or Q4_0 weight as lowbit's QuantizedLinear, exact (every
+// dequantized weight equals ggml's; bit for bit for Q4_1, and for Q4_0 up to
+// the sign of a zero: ggml's (q - 8)*d is -0 for q = 8, d < 0):
 //   * ggml shape [ne0, ne1] = [in, out] (row-major [out][in]) becomes
 //     K = ne0 = in_features, N = ne1 = out_features, i.e. lowbit's W[k][n] is
 //     ggml's element k of row n (a transpose: lowbit computes y = x W).

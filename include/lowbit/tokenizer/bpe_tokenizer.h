@@ -12,10 +12,14 @@
 //     lowest merge rank first, and the resulting symbols looked up in the vocabulary.
 // decode() reverses step 3: token strings -> bytes.
 //
-// Sources: a Hugging Face tokenizer.json (model.type "BPE", a ByteLevel
-// pre-tokenizer/decoder) or GGUF metadata (tokenizer.ggml.model "gpt2"; keys
-// tokenizer.ggml.tokens, .merges, .token_type, .bos_token_id, .eos_token_id,
-// .padding_token_id, .add_bos_token, tokenizer.ggml.pre, tokenizer.chat_template).
+// Sources: a Hugging Face tokenizer.json (model.type "BPE"; pre-tokenizer
+// ByteLevel, Digits(individual) + ByteLevel, or Split(Regex, Isolated) +
+// ByteLevel(use_regex=false); normalizer none, or NFC for text that NFC leaves
+// unchanged -- other text is refused, lowbit implements no normalization) or
+// GGUF metadata (tokenizer.ggml.model "gpt2"; keys tokenizer.ggml.tokens,
+// .merges, .token_type, .bos_token_id, .eos_token_id, .padding_token_id,
+// .add_bos_token, tokenizer.ggml.pre, tokenizer.chat_template). Details in
+// docs/gguf-and-tokenizer.md.
 //
 // Errors are lowbit::Error: ErrorKind::format for a malformed vocabulary
 // (naming the file and the key/entry), ErrorKind::unsupported for a model,
@@ -54,11 +58,13 @@ enum class TokenType : int32_t {
   byte = 6,
 };
 
+// Immutable once built: every const method may be called from several threads.
 class BpeTokenizer {
  public:
   // From a Hugging Face tokenizer.json. The chat template is read from a
   // tokenizer_config.json beside it when present ("chat_template"), as are
-  // bos/eos/pad ("bos_token", ...) and add_bos_token.
+  // bos/eos/pad ("bos_token", ...) and add_bos_token; a TemplateProcessing
+  // post-processor that starts with a special token also sets BOS and add_bos.
   static BpeTokenizer from_tokenizer_json(const std::filesystem::path& path);
   // From GGUF metadata (see the top of this file).
   static BpeTokenizer from_gguf(const gguf::GgufFile& file);
@@ -68,6 +74,8 @@ class BpeTokenizer {
   ~BpeTokenizer();
 
   // Ids of `text` (any bytes; invalid UTF-8 is tokenized byte by byte).
+  // Error(unsupported) only for a tokenizer.json with an NFC normalizer and
+  // text that NFC might change (the message names the code point).
   // Special tokens in the text are recognized as single ids. With
   // add_special_tokens, BOS is prepended when the vocabulary asks for it
   // (add_bos_token; false for SmolLM2, as Hugging Face does for it).
