@@ -184,12 +184,18 @@ std::unique_ptr<Backend> make_cpu_backend(const Model& model, const CpuBackendOp
   return std::make_unique<CpuBackend>(model, options);
 }
 
-std::unique_ptr<Backend> make_backend(const std::string& device, const Model& model, const CpuBackendOptions& options) {
-  if (device == "cpu" || device == "auto") return make_cpu_backend(model, options);
+void check_device(const std::string& device) {
+  if (device == "cpu" || device == "auto") return;
   if (device == "cuda")
     fail(ErrorKind::unsupported,
          "--device cuda: the CUDA model engine is not available yet (the CPU engine runs with --device cpu)");
   fail_argument("device", device, "auto, cpu or cuda");
+}
+
+std::unique_ptr<Backend> make_backend(const std::string& device, const Model& model, const CpuBackendOptions& options) {
+  check_device(device);
+  // "auto" is the CPU until a CUDA backend exists.
+  return make_cpu_backend(model, options);
 }
 
 }  // namespace lowbit::engine

@@ -79,6 +79,7 @@ GenerateResult generate(Backend& backend, std::span<const std::vector<int32_t>> 
       take(order[r], std::span<const float>(logits).subspan(r * static_cast<size_t>(vocab), static_cast<size_t>(vocab)));
   }
   result.kv_bytes = backend.kv().bytes_used();
+  for (const int id : seqs) result.kv_tokens += backend.length(id);
   return result;
 }
 

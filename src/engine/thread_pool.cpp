@@ -12,6 +12,20 @@ inline void cpu_relax() {
   __builtin_ia32_pause();
 #endif
 }
+
+// Spins briefly, then yields the core on every further iteration: on a
+// machine shared with other work, a thread we wait for may be descheduled,
+// and spinning on would only keep it off the core.
+class Backoff {
+ public:
+  void pause() {
+    if (++spins_ < 2000) cpu_relax();
+    else std::this_thread::yield();
+  }
+
+ private:
+  int spins_ = 0;
+};
 }  // namespace
 
 // One run() call. It lives on the caller's stack; run() returns only after it
@@ -59,10 +73,11 @@ ThreadPool::~ThreadPool() {
 void ThreadPool::worker_loop() {
   uint64_t seen = 0;
   for (;;) {
-    // Spin a little for the next job (decode issues them back to back), then sleep.
+    // Spin a little for the next job (decode issues them back to back), yield a while, then sleep.
     uint64_t gen = generation_.load();
-    for (int spin = 0; gen == seen && spin < 20000; ++spin) {
-      cpu_relax();
+    for (int spin = 0; gen == seen && spin < 4000; ++spin) {
+      if (spin < 2000) cpu_relax();
+      else std::this_thread::yield();
       gen = generation_.load();
     }
     if (gen == seen) {
@@ -106,9 +121,10 @@ void ThreadPool::run(int64_t begin, int64_t end, int64_t grain,
   }
   wake_.notify_all();
   job.work();
-  while (job.done.load() < job.chunks) cpu_relax();
+  Backoff backoff;
+  while (job.done.load() < job.chunks) backoff.pause();
   job_.store(nullptr);
-  while (active_workers_.load() != 0) cpu_relax();
+  while (active_workers_.load() != 0) backoff.pause();
   if (job.error) std::rethrow_exception(job.error);
 }
 

@@ -14,7 +14,9 @@ void add_dequantize_command(CLI::App& app);
 void add_kv_command(CLI::App& app);
 void add_ans_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
+void add_generate_command(CLI::App& app);
+// Under `bench`:
 void add_bench_attention_command(CLI::App& bench);
-void add_bench_model_command(CLI::App& bench);  // under `bench`
+void add_bench_model_command(CLI::App& bench);
 
 }  // namespace lowbit::cli

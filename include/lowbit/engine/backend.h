@@ -54,6 +54,8 @@ std::unique_ptr<Backend> make_cpu_backend(const Model& model, const CpuBackendOp
 // --device: "cpu", "cuda", or "auto" (cuda when this build and machine have a
 // GPU and a CUDA backend exists, else cpu). The CUDA backend does not exist
 // yet: "cuda" throws Error(unsupported) saying so.
+// Throws as make_backend would for `device`, without a model (fail early).
+void check_device(const std::string& device);
 std::unique_ptr<Backend> make_backend(const std::string& device, const Model& model,
                                       const CpuBackendOptions& options = {});
 

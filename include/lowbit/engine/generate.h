@@ -28,6 +28,7 @@ struct GenerateResult {
   double prefill_seconds = 0;                // the prefill call (first token's logits included)
   double decode_seconds = 0;                 // every later call
   int64_t kv_bytes = 0;                      // cache bytes at the end
+  int64_t kv_tokens = 0;                     // tokens in the cache at the end (all sequences)
 };
 
 // Called for each new token of sequence `index` (the prompt's position);

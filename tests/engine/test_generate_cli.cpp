@@ -1,0 +1,60 @@
+// `lowbit generate` run as a user runs it.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "cli_runner.h"
+#include "engine_test_util.h"
+
+namespace lowbit::test {
+namespace {
+
+TEST(GenerateCli, ExplainsAMissingDefaultModel) {
+  // The child inherits the environment: point the cache somewhere empty.
+  const char* old = std::getenv("LOWBIT_CACHE_DIR");
+  const std::string saved = old ? old : "";
+  ::setenv("LOWBIT_CACHE_DIR", "/nonexistent/lowbit-cache", 1);
+  const CliResult r = run_lowbit("generate --prompt hi");
+  if (old) ::setenv("LOWBIT_CACHE_DIR", saved.c_str(), 1);
+  else ::unsetenv("LOWBIT_CACHE_DIR");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("scripts/fetch-default-model"), std::string::npos) << r.output;
+}
+
+TEST(GenerateCli, CudaIsNotAvailableYet) {
+  const CliResult r = run_lowbit("generate --device cuda --model " + golden_dir("llama").string());
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("not available yet"), std::string::npos) << r.output;
+}
+
+TEST(GenerateCli, BadInputsFailCleanly) {
+  CliResult r = run_lowbit("generate --model /nonexistent/model.gguf");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("does not exist"), std::string::npos) << r.output;
+  // The golden checkpoints have no tokenizer.
+  r = run_lowbit("generate --model " + golden_dir("llama").string());
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("tokenizer.json"), std::string::npos) << r.output;
+  r = run_lowbit("generate --kv tq5");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+}
+
+TEST(GenerateCli, DefaultModelStreamsTextAndReportsSpeedAndMemory) {
+  if (default_model_path().empty()) GTEST_SKIP() << "the default model is not in the cache: run scripts/fetch-default-model";
+  const CliResult r = run_lowbit("generate --max-tokens 12 --prompt 'The capital of France is' --threads 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.rfind("The capital of France is Paris.", 0), 0u) << r.output;
+  for (const char* needle : {"prefill:", "decode:", "tokens/s", "weights", "KV cache"})
+    EXPECT_NE(r.output.find(needle), std::string::npos) << needle << "\n" << r.output;
+  // Two prompts decoded as one batch, tq4 K and fp16 V.
+  const CliResult b = run_lowbit(
+      "generate --max-tokens 6 --prompt 'The capital of France is' --prompt 'One, two, three,' --kv-k tq4 --kv-v fp16");
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_NE(b.output.find("== prompt 1: One, two, three,"), std::string::npos) << b.output;
+  EXPECT_NE(b.output.find("batch 2"), std::string::npos) << b.output;
+  EXPECT_NE(b.output.find("K tq4, V fp16"), std::string::npos) << b.output;
+}
+
+}  // namespace
+}  // namespace lowbit::test

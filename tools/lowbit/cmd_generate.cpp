@@ -1,0 +1,230 @@
+// `lowbit generate`: text generation with the model engine.
+//
+//   lowbit generate [--model PATH] [--prompt TEXT]... [--max-tokens N] [--device auto|cpu|cuda]
+//                   [--weights auto|fp16|w4] [--kv F] [--kv-k F] [--kv-v F] [--chat]
+//                   [--temperature T] [--top-k K] [--top-p P] [--seed S] [--threads N]
+//                   [--max-context N] [--quiet]
+//
+// PATH is a .gguf file or a Hugging Face folder (config.json, safetensors,
+// tokenizer.json); without --model, the default model in the cache
+// (scripts/fetch-default-model). One prompt streams its text as it is
+// produced; several prompts are decoded as one batch and printed at the end.
+// Then it prints prefill and decode speed and memory (weights, KV cache).
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <iomanip>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "lowbit/core/error.h"
+#include "lowbit/engine/backend.h"
+#include "lowbit/engine/generate.h"
+#include "lowbit/engine/weights.h"
+#include "lowbit/gguf/gguf_file.h"
+#include "lowbit/tokenizer/bpe_tokenizer.h"
+#include "progress.h"
+
+namespace lowbit::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace lowbit::engine;
+
+constexpr const char* kDefaultModelFile = "SmolLM2-135M-Instruct.Q4_1.gguf";
+constexpr const char* kDefaultPrompt = "The three most important things to know about the Moon are";
+
+// The model cache: $LOWBIT_CACHE_DIR, else $XDG_CACHE_HOME/lowbit, else ~/.cache/lowbit.
+fs::path cache_dir() {
+  if (const char* d = std::getenv("LOWBIT_CACHE_DIR"); d != nullptr && *d != '\0') return d;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x != '\0') return fs::path(x) / "lowbit";
+  if (const char* h = std::getenv("HOME"); h != nullptr && *h != '\0') return fs::path(h) / ".cache" / "lowbit";
+  fail(ErrorKind::invalid_argument, "no --model given and no model cache folder: set LOWBIT_CACHE_DIR or HOME");
+}
+
+fs::path default_model() {
+  const fs::path p = cache_dir() / "models" / kDefaultModelFile;
+  if (!fs::exists(p))
+    fail(ErrorKind::invalid_argument, "no --model given and the default model is not in the cache (", p.string(),
+         "): run scripts/fetch-default-model to download it (about 98 MB), or pass --model PATH");
+  return p;
+}
+
+tokenizer::BpeTokenizer load_tokenizer(const fs::path& model) {
+  if (model.extension() == ".gguf") return tokenizer::BpeTokenizer::from_gguf(gguf::GgufFile::open(model));
+  const fs::path dir = fs::is_directory(model) ? model : model.parent_path();
+  const fs::path json = dir / "tokenizer.json";
+  if (!fs::exists(json))
+    fail(ErrorKind::invalid_argument, "model ", model.string(), " has no tokenizer.json beside it: generate needs one");
+  return tokenizer::BpeTokenizer::from_tokenizer_json(json);
+}
+
+KvStorage kv_option(const std::string& name, const char* flag) {
+  const auto s = parse_kv_storage(name);
+  if (!s) fail_argument(flag, name, "fp32, fp16, tq4, tq3 or tq2");
+  return *s;
+}
+
+std::string mib(double bytes) {
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(bytes < 10.0 * 1024 * 1024 ? 2 : 1) << bytes / (1024.0 * 1024.0) << " MiB";
+  return s.str();
+}
+
+struct Options {
+  std::string model;
+  std::vector<std::string> prompts;
+  int64_t max_tokens = 128;
+  std::string device = "auto";
+  std::string weights = "auto";
+  std::string kv = "fp16";
+  std::string kv_k, kv_v;
+  bool chat = false;
+  float temperature = 0.0f;
+  int top_k = 0;
+  float top_p = 1.0f;
+  uint64_t seed = 0;
+  int threads = 0;
+  int64_t max_context = 0;
+  bool quiet = false;
+};
+
+void run_generate(const Options& o) {
+  const fs::path model_path = o.model.empty() ? default_model() : fs::path(o.model);
+  if (!fs::exists(model_path)) fail(ErrorKind::io, "model ", model_path.string(), " does not exist");
+  const auto mode = parse_weight_mode(o.weights);
+  if (!mode) fail_argument("--weights", o.weights, "auto, fp16 or w4");
+  CpuBackendOptions backend_options;
+  backend_options.kv.k = kv_option(o.kv_k.empty() ? o.kv : o.kv_k, "--kv-k");
+  backend_options.kv.v = kv_option(o.kv_v.empty() ? o.kv : o.kv_v, "--kv-v");
+  backend_options.threads = o.threads;
+  // Refuse --device cuda before the (slow) load.
+  check_device(o.device);
+
+  const tokenizer::BpeTokenizer tok = load_tokenizer(model_path);
+  LoadOptions load;
+  load.weights = *mode;
+  std::unique_ptr<Progress> progress;
+  load.progress = [&](int64_t, int64_t total, const std::string& item) {
+    if (o.quiet) return;
+    if (!progress) progress = std::make_unique<Progress>("loading " + model_path.filename().string(), total);
+    progress->advance(item);
+  };
+  const Model model = load_model(model_path, load);
+  if (progress) progress->finish();
+  if (tok.vocab_size() > model.config.vocab)
+    fail(ErrorKind::format, "the tokenizer has ", tok.vocab_size(), " tokens but the model only ", model.config.vocab);
+
+  std::vector<std::string> texts = o.prompts.empty() ? std::vector<std::string>{kDefaultPrompt} : o.prompts;
+  std::vector<std::vector<int32_t>> prompts;
+  for (const std::string& t : texts) {
+    const std::string text = o.chat ? tok.apply_chat_template({{"user", t}}, true) : t;
+    std::vector<int32_t> ids = tok.encode(text, true);
+    if (ids.empty()) fail_argument("--prompt", "\"\"", "a prompt that encodes to at least one token");
+    prompts.push_back(std::move(ids));
+  }
+  int64_t longest = 0;
+  for (const auto& p : prompts) longest = std::max<int64_t>(longest, static_cast<int64_t>(p.size()));
+  backend_options.kv.max_sequences = static_cast<int>(prompts.size());
+  backend_options.kv.max_tokens = o.max_context > 0 ? o.max_context : longest + o.max_tokens;
+  if (longest + o.max_tokens > backend_options.kv.max_tokens)
+    fail_argument("--max-context", backend_options.kv.max_tokens, "at least the prompt plus --max-tokens");
+  std::unique_ptr<Backend> backend = make_backend(o.device, model, backend_options);
+
+  GenerateOptions gen;
+  gen.max_tokens = o.max_tokens;
+  gen.sampling.temperature = o.temperature;
+  gen.sampling.top_k = o.top_k;
+  gen.sampling.top_p = o.top_p;
+  gen.sampling.seed = o.seed;
+  for (int32_t id = 0; id < tok.vocab_size(); ++id)
+    if (tok.is_end_of_generation(id)) gen.stop_tokens.push_back(id);
+
+  const bool stream = prompts.size() == 1;
+  std::vector<tokenizer::BpeTokenizer::StreamDecoder> decoders;
+  for (size_t i = 0; i < prompts.size(); ++i) decoders.emplace_back(tok, true);
+  std::vector<std::string> outputs(prompts.size());
+  if (stream) {
+    // The prompt as typed; a chat turn's answer starts on its own line.
+    std::cout << texts[0] << (o.chat ? "\n" : "") << std::flush;
+  }
+  const GenerateResult r = generate(*backend, prompts, gen, [&](size_t i, int32_t token) {
+    const std::string piece = decoders[i].push(token);
+    if (stream) std::cout << piece << std::flush;
+    else outputs[i] += piece;
+    return true;
+  });
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const std::string rest = decoders[i].finish();
+    if (stream) std::cout << rest;
+    else outputs[i] += rest;
+  }
+  if (stream) {
+    std::cout << "\n";
+  } else {
+    for (size_t i = 0; i < prompts.size(); ++i)
+      std::cout << "== prompt " << i << ": " << texts[i] << "\n" << outputs[i] << "\n";
+  }
+  if (o.quiet) return;
+  const int64_t decode_tokens = r.generated_tokens - static_cast<int64_t>(prompts.size());
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(1);
+  s << "\n-- " << model_path.filename().string() << ": " << model.config.describe() << "\n";
+  s << "-- device " << backend->name() << ", weights " << model.weights.format_summary() << "\n";
+  s << "-- prefill: " << r.prompt_tokens << " tokens in " << r.prefill_seconds * 1e3 << " ms ("
+    << (r.prefill_seconds > 0 ? static_cast<double>(r.prompt_tokens) / r.prefill_seconds : 0.0) << " tokens/s)\n";
+  s << "-- decode: " << decode_tokens << " tokens in " << r.decode_steps << " steps, " << r.decode_seconds * 1e3 << " ms ("
+    << (r.decode_seconds > 0 ? static_cast<double>(decode_tokens) / r.decode_seconds : 0.0) << " tokens/s";
+  if (prompts.size() > 1) s << ", batch " << prompts.size();
+  s << ")\n";
+  s << "-- memory: weights " << mib(static_cast<double>(model.weights.nbytes())) << " ("
+    << mib(static_cast<double>(model.weights.bytes_per_token())) << " read per decode step), KV cache "
+    << mib(static_cast<double>(r.kv_bytes)) << " for " << r.kv_tokens << " tokens, "
+    << backend->kv().bytes_per_token() << " bytes per token (" << backend->kv().describe() << ")\n";
+  std::cout << s.str() << std::flush;
+}
+
+}  // namespace
+
+void add_generate_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "generate",
+      "Generate text with a model: a .gguf file (Llama or Qwen3 architecture) or a Hugging Face folder\n"
+      "(config.json, safetensors plain or GPTQ/AWQ, tokenizer.json). Without --model: the default model,\n"
+      "SmolLM2-135M-Instruct Q4_1, from the cache (scripts/fetch-default-model puts it there).\n"
+      "Streams the text, then prints prefill and decode tokens/s and memory.");
+  static Options o;
+  cmd->add_option("--model", o.model, "Model file or folder (default: the cached default model)");
+  cmd->add_option("--prompt", o.prompts, "Prompt text; repeat for a batch of prompts decoded together")
+      ->expected(1)
+      ->take_all();
+  cmd->add_option("--max-tokens", o.max_tokens, "New tokens per prompt")->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  cmd->add_option("--device", o.device, "auto, cpu or cuda (the CUDA engine is not available yet)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  cmd->add_option("--weights", o.weights,
+                  "auto: as stored; fp16: every linear unquantized; w4: 4-bit RTN (group 128) on load")
+      ->check(CLI::IsMember({"auto", "fp16", "w4"}));
+  cmd->add_option("--kv", o.kv, "KV cache format for K and V: fp32, fp16, tq4, tq3, tq2")
+      ->check(CLI::IsMember({"fp32", "fp16", "tq4", "tq3", "tq2"}));
+  cmd->add_option("--kv-k", o.kv_k, "K format (overrides --kv)")->check(CLI::IsMember({"fp32", "fp16", "tq4", "tq3", "tq2"}));
+  cmd->add_option("--kv-v", o.kv_v, "V format (overrides --kv)")->check(CLI::IsMember({"fp32", "fp16", "tq4", "tq3", "tq2"}));
+  cmd->add_flag("--chat", o.chat, "Wrap the prompt in the model's chat template (a user turn)");
+  cmd->add_option("--temperature", o.temperature, "0 = greedy")->check(CLI::Range(0.0f, 100.0f));
+  cmd->add_option("--top-k", o.top_k, "Sample among the k most likely tokens (0 = all)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--top-p", o.top_p, "Nucleus sampling threshold in (0, 1]")->check(CLI::Range(0.0f, 1.0f));
+  cmd->add_option("--seed", o.seed, "Sampling seed");
+  cmd->add_option("--threads", o.threads, "CPU threads (default: LOWBIT_NUM_THREADS or all cores)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--max-context", o.max_context, "KV cache capacity per prompt in tokens (default: prompt + max-tokens)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--quiet", o.quiet, "Print only the generated text");
+  cmd->callback([] { run_generate(o); });
+}
+
+}  // namespace lowbit::cli
