@@ -42,6 +42,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 
 #include "lowbit/core/error.h"
 #include "lowbit/cuda/check.h"
@@ -51,8 +52,6 @@ namespace lowbit::kv {
 namespace {
 
 constexpr int kD = kDeviceHeadDim;
-constexpr int kWarps = 4;
-constexpr int kThreads = 32 * kWarps;
 constexpr int kTile = 16;  // tokens per warp iteration: the n of two m16n8 score tiles, the k of one PV mma
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -98,7 +97,9 @@ __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
 
 __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                          uint32_t b1) {
-  asm volatile(
+  // Not volatile: a pure function of its registers, so the compiler may
+  // schedule the table loads of the next mma ahead of it.
+  asm(
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -115,73 +116,104 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// Programmatic dependent launch (sm_90): no-ops where unsupported.
+__device__ __forceinline__ void wait_for_previous_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void allow_next_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::);
+#endif
+}
+
 __device__ __forceinline__ uint32_t byte_of(uint32_t w, int k) { return (w >> (8 * k)) & 0xffu; }
 
-// The score tile of 8 tokens: acc[4] += Q'[16 x 128] . K[token rows]^T, the
-// lane's K operand decoded from its token's row `row` (see the file comment:
-// lane%4 = c owns coordinates 32c .. 32c+31, k-step ks covers 32c + 4ks .. +3).
+// Entry e of a lane's table: one PRMT (byte extract), one LEA, one LDS per
+// pair of coordinates. `lane_table` is entry 0 of this lane's copy;
+// entries are 128 bytes apart.
+__device__ __forceinline__ uint32_t table_entry(const uint32_t* lane_table, uint32_t word, int byte) {
+  const uint32_t e = __byte_perm(word, 0u, 0x4440u | static_cast<uint32_t>(byte));
+  return *reinterpret_cast<const uint32_t*>(reinterpret_cast<const char*>(lane_table) + (e << 7));
+}
+
+// The score tile, transposed: acc[4] += K[16 tokens x 128] . Q'^T[128 x 8
+// heads] (K is the A operand, so the 16 rows of the mma are 16 tokens and
+// none is wasted on padding; the <= 8 query heads of the group are the n).
+// The lane's A operand is decoded from the rows of tokens g (a0, a2) and
+// g + 8 (a1, a3); lane%4 = c owns coordinates 32c .. 32c+31 and k-step ks
+// covers 32c + 4ks .. +3 (the query fragment is gathered in the same order).
 template <int KF>
-__device__ __forceinline__ void score_tile(const uint8_t* row, int c, int lane, const uint32_t (&qa)[8][4],
-                                           const uint32_t* lut, float (&acc)[4]) {
+__device__ __forceinline__ void score_tile(const uint8_t* row0, const uint8_t* row1, int c, const uint32_t* lut,
+                                           const uint32_t (&qb)[8][2], float (&acc)[4]) {
   if constexpr (KF == kTq4) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(row + 16 * c);
-    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+    const uint4 r0 = *reinterpret_cast<const uint4*>(row0 + 16 * c);
+    const uint4 r1 = *reinterpret_cast<const uint4*>(row1 + 16 * c);
+    const uint32_t w0[4] = {r0.x, r0.y, r0.z, r0.w}, w1[4] = {r1.x, r1.y, r1.z, r1.w};
+    const uint32_t* t = lut;
 #pragma unroll
     for (int ks = 0; ks < 8; ++ks) {
-      const uint32_t word = w[ks >> 1];
-      const int sh = 16 * (ks & 1);
-      const uint32_t b0 = lut[(((word >> sh) & 0xffu) << 5) | lane];
-      const uint32_t b1 = lut[(((word >> (sh + 8)) & 0xffu) << 5) | lane];
-      mma16816(acc, qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], b0, b1);
+      const int b = 2 * (ks & 1);
+      mma16816(acc, table_entry(t, w0[ks >> 1], b), table_entry(t, w1[ks >> 1], b), table_entry(t, w0[ks >> 1], b + 1),
+               table_entry(t, w1[ks >> 1], b + 1), qb[ks][0], qb[ks][1]);
     }
   } else if constexpr (KF == kTq2) {
-    const uint2 raw = *reinterpret_cast<const uint2*>(row + 8 * c);
-    const uint32_t w[2] = {raw.x, raw.y};
+    const uint2 r0 = *reinterpret_cast<const uint2*>(row0 + 8 * c);
+    const uint2 r1 = *reinterpret_cast<const uint2*>(row1 + 8 * c);
+    const uint32_t w0[2] = {r0.x, r0.y}, w1[2] = {r1.x, r1.y};
 #pragma unroll
     for (int ks = 0; ks < 8; ++ks) {
-      const uint32_t byte = byte_of(w[ks >> 2], ks & 3);
-      const uint32_t b0 = lut[((byte & 15u) << 5) | lane];
-      const uint32_t b1 = lut[((byte >> 4) << 5) | lane];
-      mma16816(acc, qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], b0, b1);
+      const uint32_t b0 = byte_of(w0[ks >> 2], ks & 3), b1 = byte_of(w1[ks >> 2], ks & 3);
+      mma16816(acc, lut[(b0 & 15u) << 5], lut[(b1 & 15u) << 5], lut[(b0 >> 4) << 5], lut[(b1 >> 4) << 5], qb[ks][0],
+               qb[ks][1]);
     }
   } else if constexpr (KF == kTq3) {
-    const uint2 raw = *reinterpret_cast<const uint2*>(row + 8 * c);
-    const uint32_t hi = *reinterpret_cast<const uint32_t*>(row + 32 + 4 * c);
-    const uint32_t w[2] = {raw.x, raw.y};
-#pragma unroll
-    for (int ks = 0; ks < 8; ++ks) {
-      const uint32_t lo = byte_of(w[ks >> 2], ks & 3);
-      const uint32_t hn = (hi >> (4 * ks)) & 15u;
+    const uint2 r0 = *reinterpret_cast<const uint2*>(row0 + 8 * c);
+    const uint2 r1 = *reinterpret_cast<const uint2*>(row1 + 8 * c);
+    const uint32_t h0 = *reinterpret_cast<const uint32_t*>(row0 + 32 + 4 * c);
+    const uint32_t h1 = *reinterpret_cast<const uint32_t*>(row1 + 32 + 4 * c);
+    const uint32_t w0[2] = {r0.x, r0.y}, w1[2] = {r1.x, r1.y};
+    // Pair (coordinate u, u + 1) of a k-step as the 6-bit entry idx_u | idx_(u+1) << 3.
+    auto entries = [](uint32_t lo, uint32_t hn, uint32_t& e01, uint32_t& e23) {
       const uint32_t i0 = (lo & 3u) | ((hn & 1u) << 2), i1 = ((lo >> 2) & 3u) | ((hn & 2u) << 1);
       const uint32_t i2 = ((lo >> 4) & 3u) | (hn & 4u), i3 = ((lo >> 6) & 3u) | ((hn >> 1) & 4u);
-      const uint32_t b0 = lut[((i0 | (i1 << 3)) << 5) | lane];
-      const uint32_t b1 = lut[((i2 | (i3 << 3)) << 5) | lane];
-      mma16816(acc, qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], b0, b1);
+      e01 = i0 | (i1 << 3);
+      e23 = i2 | (i3 << 3);
+    };
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks) {
+      uint32_t a01, a23, b01, b23;
+      entries(byte_of(w0[ks >> 2], ks & 3), (h0 >> (4 * ks)) & 15u, a01, a23);
+      entries(byte_of(w1[ks >> 2], ks & 3), (h1 >> (4 * ks)) & 15u, b01, b23);
+      mma16816(acc, lut[a01 << 5], lut[b01 << 5], lut[a23 << 5], lut[b23 << 5], qb[ks][0], qb[ks][1]);
     }
   } else {  // fp16: coordinates 32c + 4ks .. +3 are words 2ks, 2ks+1 of the lane's 64 bytes
-    const uint4* p = reinterpret_cast<const uint4*>(row + 64 * c);
-    uint32_t w[16];
+    const uint4* p0 = reinterpret_cast<const uint4*>(row0 + 64 * c);
+    const uint4* p1 = reinterpret_cast<const uint4*>(row1 + 64 * c);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const uint4 v = p[i];
-      w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+      const uint4 x = p0[i], y = p1[i];
+      mma16816(acc, x.x, y.x, x.y, y.y, qb[2 * i][0], qb[2 * i][1]);
+      mma16816(acc, x.z, y.z, x.w, y.w, qb[2 * i + 1][0], qb[2 * i + 1][1]);
     }
-#pragma unroll
-    for (int ks = 0; ks < 8; ++ks) mma16816(acc, qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], w[2 * ks], w[2 * ks + 1]);
   }
 }
 
-// O[16 x 128] += P'[16 x 16 tokens] . V[16 tokens x 128]. The lane's B operand
-// for output tile nd is coordinate 16*g + nd (g = lane/4) of tokens 2c, 2c+1
-// (b0) and 2c+8, 2c+9 (b1). `valid` masks tokens past the chunk's end: their
-// fp16 rows may hold anything (stale slots), and 0 * NaN would poison O.
+// O^T[128 x 8 heads] += V^T[128 x 16 tokens] . P'^T[16 tokens x 8 heads]:
+// V^T is the A operand, 8 m-tiles of 16 coordinates. The lane's A operand of
+// m-tile mt is coordinate 16g + 2mt (a0: tokens 2c, 2c+1; a2: tokens 2c+8,
+// 2c+9) and 16g + 2mt + 1 (a1, a3): two tokens' index words are merged with
+// shifts and LOP3s into bytes that index the same pair table as K. `valid`
+// masks tokens past the chunk's end: their fp16 rows may hold anything
+// (stale slots), and 0 * NaN would poison O.
 template <int VF>
-__device__ __forceinline__ void value_tile(const uint8_t* rows, int c, int g, int lane, const uint32_t (&pa)[4],
-                                           const uint32_t* lut, const bool (&valid)[4], float (&o)[16][4]) {
+__device__ __forceinline__ void value_tile(const uint8_t* rows, int c, int g, const uint32_t* lut,
+                                           const uint32_t (&pb)[2], const bool (&valid)[4], float (&o)[8][4]) {
   const int tok[4] = {2 * c, 2 * c + 1, 2 * c + 8, 2 * c + 9};
   constexpr int RB = row_bytes(VF);
   if constexpr (VF == kTq4) {
-    uint32_t lo[2][2], hi[2][2];  // [pair][word]
+    uint32_t lo[2][2], hi[2][2];  // [token pair][word]: byte k of lo/hi holds coordinate 16g + 8w + 2k (+1)
 #pragma unroll
     for (int p = 0; p < 2; ++p) {
       const uint2 A = *reinterpret_cast<const uint2*>(rows + tok[2 * p] * RB + 8 * g);
@@ -193,18 +225,15 @@ __device__ __forceinline__ void value_tile(const uint8_t* rows, int c, int g, in
         hi[p][w] = ((aw[w] >> 4) & 0x0F0F0F0Fu) | (bw[w] & 0xF0F0F0F0u);
       }
     }
+    const uint32_t* t = lut;
 #pragma unroll
-    for (int w = 0; w < 2; ++w)
-#pragma unroll
-      for (int k = 0; k < 4; ++k)
-#pragma unroll
-        for (int hs = 0; hs < 2; ++hs) {
-          const int nd = 8 * w + 2 * k + hs;
-          const uint32_t e0 = byte_of(hs ? hi[0][w] : lo[0][w], k), e1 = byte_of(hs ? hi[1][w] : lo[1][w], k);
-          mma16816(o[nd], pa[0], pa[1], pa[2], pa[3], lut[(e0 << 5) | lane], lut[(e1 << 5) | lane]);
-        }
+    for (int mt = 0; mt < 8; ++mt) {
+      const int w = mt >> 2, k = mt & 3;
+      mma16816(o[mt], table_entry(t, lo[0][w], k), table_entry(t, hi[0][w], k), table_entry(t, lo[1][w], k),
+               table_entry(t, hi[1][w], k), pb[0], pb[1]);
+    }
   } else if constexpr (VF == kTq2) {
-    uint32_t x[2], y[2];
+    uint32_t x[2], y[2];  // nibble k: coordinate 16g + 2k (x) and 16g + 2k + 1 (y) of both tokens
 #pragma unroll
     for (int p = 0; p < 2; ++p) {
       const uint32_t A = *reinterpret_cast<const uint32_t*>(rows + tok[2 * p] * RB + 4 * g);
@@ -213,13 +242,9 @@ __device__ __forceinline__ void value_tile(const uint8_t* rows, int c, int g, in
       y[p] = ((A >> 2) & 0x33333333u) | (B & 0xCCCCCCCCu);
     }
 #pragma unroll
-    for (int k = 0; k < 8; ++k)
-#pragma unroll
-      for (int hs = 0; hs < 2; ++hs) {
-        const int nd = 2 * k + hs;
-        const uint32_t e0 = ((hs ? y[0] : x[0]) >> (4 * k)) & 15u, e1 = ((hs ? y[1] : x[1]) >> (4 * k)) & 15u;
-        mma16816(o[nd], pa[0], pa[1], pa[2], pa[3], lut[(e0 << 5) | lane], lut[(e1 << 5) | lane]);
-      }
+    for (int mt = 0; mt < 8; ++mt)
+      mma16816(o[mt], lut[((x[0] >> (4 * mt)) & 15u) << 5], lut[((y[0] >> (4 * mt)) & 15u) << 5],
+               lut[((x[1] >> (4 * mt)) & 15u) << 5], lut[((y[1] >> (4 * mt)) & 15u) << 5], pb[0], pb[1]);
   } else if constexpr (VF == kTq3) {
     uint32_t lw[4], hw[4];
 #pragma unroll
@@ -227,15 +252,16 @@ __device__ __forceinline__ void value_tile(const uint8_t* rows, int c, int g, in
       lw[t] = *reinterpret_cast<const uint32_t*>(rows + tok[t] * RB + 4 * g);
       hw[t] = *reinterpret_cast<const uint16_t*>(rows + tok[t] * RB + 32 + 2 * g);
     }
+    auto entry = [&](int t0, int m) {  // tokens t0, t0 + 1 at coordinate 16g + m
+      const uint32_t i0 = ((lw[t0] >> (2 * m)) & 3u) | (((hw[t0] >> m) & 1u) << 2);
+      const uint32_t i1 = ((lw[t0 + 1] >> (2 * m)) & 3u) | (((hw[t0 + 1] >> m) & 1u) << 2);
+      return (i0 | (i1 << 3)) << 5;
+    };
 #pragma unroll
-    for (int m = 0; m < 16; ++m) {
-      uint32_t idx[4];
-#pragma unroll
-      for (int t = 0; t < 4; ++t) idx[t] = ((lw[t] >> (2 * m)) & 3u) | (((hw[t] >> m) & 1u) << 2);
-      mma16816(o[m], pa[0], pa[1], pa[2], pa[3], lut[((idx[0] | (idx[1] << 3)) << 5) | lane],
-               lut[((idx[2] | (idx[3] << 3)) << 5) | lane]);
-    }
-  } else {  // fp16: coordinates 16g .. 16g+15 are 8 words of each token's row
+    for (int mt = 0; mt < 8; ++mt)
+      mma16816(o[mt], lut[entry(0, 2 * mt)], lut[entry(0, 2 * mt + 1)], lut[entry(2, 2 * mt)],
+               lut[entry(2, 2 * mt + 1)], pb[0], pb[1]);
+  } else {  // fp16: coordinates 16g .. 16g+15 are 8 words of each token's row; word mt = coordinates 2mt, 2mt+1
     uint32_t w[4][8];
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
@@ -246,12 +272,19 @@ __device__ __forceinline__ void value_tile(const uint8_t* rows, int c, int g, in
       w[t][4] = v1.x & m, w[t][5] = v1.y & m, w[t][6] = v1.z & m, w[t][7] = v1.w & m;
     }
 #pragma unroll
-    for (int nd = 0; nd < 16; ++nd) {
-      const uint32_t sel = (nd & 1) ? 0x7632u : 0x5410u;
-      mma16816(o[nd], pa[0], pa[1], pa[2], pa[3], __byte_perm(w[0][nd >> 1], w[1][nd >> 1], sel),
-               __byte_perm(w[2][nd >> 1], w[3][nd >> 1], sel));
-    }
+    for (int mt = 0; mt < 8; ++mt)
+      mma16816(o[mt], __byte_perm(w[0][mt], w[1][mt], 0x5410u), __byte_perm(w[0][mt], w[1][mt], 0x7632u),
+               __byte_perm(w[2][mt], w[3][mt], 0x5410u), __byte_perm(w[2][mt], w[3][mt], 0x7632u), pb[0], pb[1]);
   }
+}
+
+// The 8 x 8 fp16 transpose of a fragment across the warp (ldmatrix's layout):
+// the score accumulator holds (token g, heads 2c, 2c+1); the PV mma wants
+// (tokens 2c, 2c+1, head g).
+__device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
 }
 
 __device__ __forceinline__ void fill_lut(uint32_t* lut, int f, const float* centroids) {
@@ -267,28 +300,35 @@ __device__ __forceinline__ void fill_lut(uint32_t* lut, int f, const float* cent
 template <int KF, int VF>
 struct TileLayout {
   static constexpr int KR = row_bytes(KF), VR = row_bytes(VF);
-  static constexpr int kStages = (KR + VR) * kTile >= 4096 ? 3 : 4;
+  // fp16 tiles are 4-8 KB: 4 warps (2 CTAs per SM fit); packed tiles are
+  // ~2 KB: 8 warps share one copy of the 32 KB table, 2 CTAs per SM.
+  static constexpr int kWarps = (KR + VR) * kTile >= 4096 ? 4 : 8;
+  static constexpr int kStages = 3;
 };
 
 template <int KF, int VF>
-__global__ void __launch_bounds__(kThreads, 2) attend_kernel(AttnArgs a) {
+__global__ void __launch_bounds__(TileLayout<KF, VF>::kWarps * 32, 8 / TileLayout<KF, VF>::kWarps * 2)
+    attend_kernel(AttnArgs a) {
   using L = TileLayout<KF, VF>;
-  constexpr int KR = L::KR, VR = L::VR, S = L::kStages;
+  constexpr int KR = L::KR, VR = L::VR, S = L::kStages, kWarps = L::kWarps, kThreads = 32 * kWarps;
   extern __shared__ float4 smem_f4[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(smem_f4);
-  uint32_t* lut_k = reinterpret_cast<uint32_t*>(smem);
-  uint32_t* lut_v = (VF == KF) ? lut_k : lut_k + lut_entries(KF) * 32;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // Each lane reads its own copy of the tables: entry e at word e * 32 + lane.
+  const uint32_t* lut_k = reinterpret_cast<const uint32_t*>(smem) + lane;
+  const uint32_t* lut_v = (VF == KF) ? lut_k : lut_k + lut_entries(KF) * 32;
   uint8_t* stages = smem + 4 * 32 * (lut_entries(KF) + (VF == KF ? 0 : lut_entries(VF)));
 
   const int split = blockIdx.x, h = blockIdx.y, r = blockIdx.z;
   int table_row;
   int64_t len;
   row_of(a, r, table_row, len);
-  const int64_t t0 = split * a.split_tokens;
+  // 32-bit token arithmetic (lengths < 2^31): 64-bit divisions are software
+  // routines of ~100 instructions, which the per-tile page lookup paid.
+  const int t0 = split * static_cast<int>(a.split_tokens);
   if (t0 >= len) return;  // this row has fewer chunks; the merge reads only its own
-  const int64_t t1 = min(len, t0 + a.split_tokens);
+  const int t1 = static_cast<int>(min(len, int64_t{t0} + a.split_tokens));
 
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane >> 2, c = lane & 3;
   const int sb = a.scale_bytes;
   const int k_sc = kTile * KR;
@@ -298,14 +338,16 @@ __global__ void __launch_bounds__(kThreads, 2) attend_kernel(AttnArgs a) {
   uint8_t* my_stages = stages + warp * S * stage_bytes;
   const int32_t* table = a.tables + table_row * a.table_stride;
 
-  const int64_t tile_begin = t0 / kTile, tile_end = (t1 + kTile - 1) / kTile;
-  const int64_t first = tile_begin + warp;
-  const int n_my = first < tile_end ? static_cast<int>((tile_end - first + kWarps - 1) / kWarps) : 0;
+  const int tile_begin = t0 / kTile, tile_end = (t1 + kTile - 1) / kTile;
+  const int first = tile_begin + warp;
+  const int n_my = first < tile_end ? (tile_end - first + kWarps - 1) / kWarps : 0;
+  const unsigned tiles_per_page = static_cast<unsigned>(a.page_size / kTile);
 
   auto issue = [&](int i) {
-    const int64_t tok = (first + int64_t{kWarps} * i) * kTile;
-    const int32_t page = table[tok / a.page_size];
-    const int slot = static_cast<int>(tok % a.page_size);
+    const unsigned tile = static_cast<unsigned>(first + kWarps * i);
+    const unsigned page_index = tile / tiles_per_page;
+    const int32_t page = table[page_index];
+    const int slot = static_cast<int>(tile - page_index * tiles_per_page) * kTile;
     const std::byte* slab = a.pool + (static_cast<int64_t>(page) * a.num_kv_heads + h) * a.slab_bytes;
     uint8_t* dst = my_stages + (i % S) * stage_bytes;
     auto copy = [&](const std::byte* src, uint8_t* d, int bytes) {
@@ -322,31 +364,32 @@ __global__ void __launch_bounds__(kThreads, 2) attend_kernel(AttnArgs a) {
     if (i < n_my) issue(i);
     cp_async_commit();
   }
-  if (quantized(KF)) fill_lut(lut_k, KF, a.k_centroids);
-  if (quantized(VF) && VF != KF) fill_lut(lut_v, VF, a.v_centroids);
+  uint32_t* lut_fill = reinterpret_cast<uint32_t*>(smem);
+  if (quantized(KF)) fill_lut(lut_fill, KF, a.k_centroids);
+  if (quantized(VF) && VF != KF) fill_lut(lut_fill + lut_entries(KF) * 32, VF, a.v_centroids);
 
-  // Query fragments (A of the score mma): rows g and g + 8 are query heads
-  // h*group + g (zero past the group), columns in the K operand's order.
-  uint32_t qa[8][4];
+  // Query fragment (B of the score mma): column g is query head h*group + g
+  // (zero past the group), rows in the K operand's coordinate order.
+  wait_for_previous_kernel();  // the rotated queries
+  uint32_t qb[8][2];
   {
-    const float* qbase = a.q + (static_cast<int64_t>(r) * a.num_q_heads + h * a.group) * kD;
+    const float* qrow = a.q + ((static_cast<int64_t>(r) * a.num_q_heads + h * a.group) + g) * kD;
 #pragma unroll
     for (int ks = 0; ks < 8; ++ks) {
-      float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
-      if (g < a.group) x0 = *reinterpret_cast<const float4*>(qbase + g * kD + 32 * c + 4 * ks);
-      if (g + 8 < a.group) x1 = *reinterpret_cast<const float4*>(qbase + (g + 8) * kD + 32 * c + 4 * ks);
-      qa[ks][0] = pack_half2(x0.x, x0.y);
-      qa[ks][1] = pack_half2(x1.x, x1.y);
-      qa[ks][2] = pack_half2(x0.z, x0.w);
-      qa[ks][3] = pack_half2(x1.z, x1.w);
+      float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (g < a.group) x = *reinterpret_cast<const float4*>(qrow + 32 * c + 4 * ks);
+      qb[ks][0] = pack_half2(x.x, x.y);
+      qb[ks][1] = pack_half2(x.z, x.w);
     }
   }
   __syncthreads();  // tables filled
 
-  float o[16][4];
+  // O^T accumulators: m-tile mt, c0/c1 = heads 2c, 2c+1 at coordinate
+  // 16g + 2mt, c2/c3 = the same heads at 16g + 2mt + 1.
+  float o[8][4];
 #pragma unroll
-  for (int nd = 0; nd < 16; ++nd) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.0f;
-  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+  for (int mt = 0; mt < 8; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.0f;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;  // heads 2c, 2c+1
 
   for (int i = 0; i < n_my; ++i) {
     if (i + S - 1 < n_my) issue(i + S - 1);
@@ -354,170 +397,221 @@ __global__ void __launch_bounds__(kThreads, 2) attend_kernel(AttnArgs a) {
     cp_async_wait<S - 1>();
     __syncwarp();
     const uint8_t* st = my_stages + (i % S) * stage_bytes;
-    const int64_t tok0 = (first + int64_t{kWarps} * i) * kTile;
+    const int tok0 = (first + kWarps * i) * kTile;
 
-    float s[2][4];
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-      score_tile<KF>(st + (g + 8 * nt) * KR, c, lane, qa, lut_k, s[nt]);
+    // s[0], s[1]: token g, heads 2c, 2c+1; s[2], s[3]: token g + 8.
+    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    score_tile<KF>(st + g * KR, st + (g + 8) * KR, c, lut_k, qb, s);
+    const bool valid0 = tok0 + g < t1, valid1 = tok0 + g + 8 < t1;
+    float ks0 = 1.0f, ks1 = 1.0f, vs0 = 1.0f, vs1 = 1.0f;
+    if constexpr (quantized(KF)) {
+      ks0 = sb == 2 ? __half2float(reinterpret_cast<const __half*>(st + k_sc)[g])
+                    : reinterpret_cast<const float*>(st + k_sc)[g];
+      ks1 = sb == 2 ? __half2float(reinterpret_cast<const __half*>(st + k_sc)[g + 8])
+                    : reinterpret_cast<const float*>(st + k_sc)[g + 8];
     }
-    // Accumulator column 2c + e of tile nt is token 8 nt + 2c + e.
-    bool valid[2][2];
-    float vscale[2][2];
+    if constexpr (quantized(VF)) {
+      vs0 = sb == 2 ? __half2float(reinterpret_cast<const __half*>(st + v_sc)[g])
+                    : reinterpret_cast<const float*>(st + v_sc)[g];
+      vs1 = sb == 2 ? __half2float(reinterpret_cast<const __half*>(st + v_sc)[g + 8])
+                    : reinterpret_cast<const float*>(st + v_sc)[g + 8];
+    }
+    s[0] = valid0 ? s[0] * ks0 : -INFINITY;
+    s[1] = valid0 ? s[1] * ks0 : -INFINITY;
+    s[2] = valid1 ? s[2] * ks1 : -INFINITY;
+    s[3] = valid1 ? s[3] * ks1 : -INFINITY;
+    // Max over the 16 tokens of each head: the 8 lanes with the same c.
+    float mx0 = fmaxf(s[0], s[2]), mx1 = fmaxf(s[1], s[3]);
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int t = 8 * nt + 2 * c + e;
-        valid[nt][e] = tok0 + t < t1;
-        float ks = 1.0f, vs = 1.0f;
-        if constexpr (quantized(KF))
-          ks = sb == 2 ? __half2float(reinterpret_cast<const __half*>(st + k_sc)[t])
-                       : reinterpret_cast<const float*>(st + k_sc)[t];
-        if constexpr (quantized(VF))
-          vs = sb == 2 ? __half2float(reinterpret_cast<const __half*>(st + v_sc)[t])
-                       : reinterpret_cast<const float*>(st + v_sc)[t];
-        vscale[nt][e] = vs;
-        s[nt][e] = valid[nt][e] ? s[nt][e] * ks : -INFINITY;
-        s[nt][2 + e] = valid[nt][e] ? s[nt][2 + e] * ks : -INFINITY;
-      }
-    float mx0 = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
-    float mx1 = fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    for (int off = 4; off < 32; off *= 2) {
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
+    }
     const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
     const float alpha0 = exp2f(m0 - n0), alpha1 = exp2f(m1 - n1);
     m0 = n0, m1 = n1;
-    float p[2][4];
+    const float p0 = exp2f(s[0] - n0), p1 = exp2f(s[1] - n1), p2 = exp2f(s[2] - n0), p3 = exp2f(s[3] - n1);
+    l0 = l0 * alpha0 + (p0 + p2);
+    l1 = l1 * alpha1 + (p1 + p3);
+    // After the first tiles the running max rarely moves: skip the 32
+    // multiplies by 1 unless some head of the warp needs them.
+    if (__any_sync(0xffffffffu, alpha0 != 1.0f || alpha1 != 1.0f)) {
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      p[nt][0] = exp2f(s[nt][0] - n0);
-      p[nt][1] = exp2f(s[nt][1] - n0);
-      p[nt][2] = exp2f(s[nt][2] - n1);
-      p[nt][3] = exp2f(s[nt][3] - n1);
+      for (int mt = 0; mt < 8; ++mt) {
+        o[mt][0] *= alpha0, o[mt][1] *= alpha1;
+        o[mt][2] *= alpha0, o[mt][3] *= alpha1;
+      }
     }
-    l0 = l0 * alpha0 + (p[0][0] + p[0][1] + p[1][0] + p[1][1]);
-    l1 = l1 * alpha1 + (p[0][2] + p[0][3] + p[1][2] + p[1][3]);
-#pragma unroll
-    for (int nd = 0; nd < 16; ++nd) {
-      o[nd][0] *= alpha0, o[nd][1] *= alpha0;
-      o[nd][2] *= alpha1, o[nd][3] *= alpha1;
-    }
-    // A of the PV mma: p * s_v as fp16 (0 for masked tokens, whose scale may be garbage).
-    auto w = [&](int nt, int j) {
-      const int e = j & 1;
-      return valid[nt][e] ? p[nt][j] * vscale[nt][e] : 0.0f;
-    };
-    const uint32_t pa[4] = {pack_half2(w(0, 0), w(0, 1)), pack_half2(w(0, 2), w(0, 3)), pack_half2(w(1, 0), w(1, 1)),
-                            pack_half2(w(1, 2), w(1, 3))};
-    const bool vvalid[4] = {valid[0][0], valid[0][1], valid[1][0], valid[1][1]};
-    value_tile<VF>(st + v_rows, c, g, lane, pa, lut_v, vvalid, o);
+    // B of the PV mma: p * s_v as fp16 (0 for masked tokens, whose scale may
+    // be garbage), transposed to (tokens 2c, 2c+1 | 2c+8, 2c+9; head g).
+    const uint32_t pb[2] = {transpose8x8(pack_half2(valid0 ? p0 * vs0 : 0.0f, valid0 ? p1 * vs0 : 0.0f)),
+                            transpose8x8(pack_half2(valid1 ? p2 * vs1 : 0.0f, valid1 ? p3 * vs1 : 0.0f))};
+    const bool vvalid[4] = {tok0 + 2 * c < t1, tok0 + 2 * c + 1 < t1, tok0 + 2 * c + 8 < t1, tok0 + 2 * c + 9 < t1};
+    value_tile<VF>(st + v_rows, c, g, lut_v, pb, vvalid, o);
     __syncwarp();  // the stage is refilled by the next iteration's issue
   }
   cp_async_wait<0>();
+  allow_next_kernel();  // the merge kernel may launch; it waits for this grid to finish
   __syncthreads();
 
-  // Merge the 4 warps' states: [warp][16 rows][d] outputs, then m and l.
+  // Merge the warps' states: [warp][8 heads][d] outputs, then m and l.
   float* mo = reinterpret_cast<float*>(stages);
-  float* mm = mo + kWarps * 16 * kD;
-  float* ml = mm + kWarps * 16;
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-  if (c == 0) {
-    mm[warp * 16 + g] = m0, ml[warp * 16 + g] = l0;
-    mm[warp * 16 + g + 8] = m1, ml[warp * 16 + g + 8] = l1;
-  }
-  // Accumulator column n of output tile nd is coordinate 16 n + nd; the lane
-  // holds n = 2c, 2c + 1 for rows g and g + 8.
+  float* mm = mo + kWarps * 8 * kD;
+  float* ml = mm + kWarps * 8;
 #pragma unroll
-  for (int nd = 0; nd < 16; ++nd) {
-    float* base = mo + warp * 16 * kD;
-    base[g * kD + 32 * c + nd] = o[nd][0];
-    base[g * kD + 32 * c + 16 + nd] = o[nd][1];
-    base[(g + 8) * kD + 32 * c + nd] = o[nd][2];
-    base[(g + 8) * kD + 32 * c + 16 + nd] = o[nd][3];
+  for (int off = 4; off < 32; off *= 2) {
+    l0 += __shfl_xor_sync(0xffffffffu, l0, off);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, off);
+  }
+  if (g == 0) {
+    mm[warp * 8 + 2 * c] = m0, ml[warp * 8 + 2 * c] = l0;
+    mm[warp * 8 + 2 * c + 1] = m1, ml[warp * 8 + 2 * c + 1] = l1;
+  }
+  float* base = mo + warp * 8 * kD;
+#pragma unroll
+  for (int mt = 0; mt < 8; ++mt) {
+    base[(2 * c) * kD + 16 * g + 2 * mt] = o[mt][0];
+    base[(2 * c + 1) * kD + 16 * g + 2 * mt] = o[mt][1];
+    base[(2 * c) * kD + 16 * g + 2 * mt + 1] = o[mt][2];
+    base[(2 * c + 1) * kD + 16 * g + 2 * mt + 1] = o[mt][3];
   }
   __syncthreads();
-  const int j = threadIdx.x;
-  for (int row = 0; row < a.group; ++row) {
+  for (int t = threadIdx.x; t < a.group * kD; t += kThreads) {
+    const int head = t / kD, j = t % kD;
     float M = -INFINITY;
-    for (int w2 = 0; w2 < kWarps; ++w2) M = fmaxf(M, mm[w2 * 16 + row]);
+    for (int w2 = 0; w2 < kWarps; ++w2) M = fmaxf(M, mm[w2 * 8 + head]);
     float total = 0.0f, acc = 0.0f;
     for (int w2 = 0; w2 < kWarps; ++w2) {
-      const float mw = mm[w2 * 16 + row];
+      const float mw = mm[w2 * 8 + head];
       if (mw == -INFINITY) continue;  // a warp without tiles
       const float f = exp2f(mw - M);
-      total += f * ml[w2 * 16 + row];
-      acc += f * mo[(w2 * 16 + row) * kD + j];
+      total += f * ml[w2 * 8 + head];
+      acc += f * mo[(w2 * 8 + head) * kD + j];
     }
-    const int64_t out_row = (static_cast<int64_t>(r) * a.num_q_heads + h * a.group + row) * a.max_splits + split;
+    const int64_t out_row = (static_cast<int64_t>(r) * a.num_q_heads + h * a.group + head) * a.max_splits + split;
     a.part_out[out_row * kD + j] = acc / total;
     if (j == 0) a.part_lse[out_row] = M + log2f(total);
   }
 }
 
-// q' = (q @ M) * scale_log2 (or q * scale_log2 when K is fp16), one CTA per
-// (row, KV head): M's columns are read coalesced, once for the whole group.
-__global__ void __launch_bounds__(kD) rotate_queries_kernel(const float* q, const float* m, float* out,
-                                                            int num_q_heads, int group, float scale_log2) {
-  __shared__ float qs[kDeviceMaxGroup][kD];
-  const int r = blockIdx.x, h = blockIdx.y, j = threadIdx.x;
-  const int64_t base = (static_cast<int64_t>(r) * num_q_heads + h * group) * kD;
-  for (int g = 0; g < group; ++g) qs[g][j] = q[base + g * kD + j];
-  __syncthreads();
-  float acc[kDeviceMaxGroup];
+// The dense 128 x 128 products of the two small kernels (q @ M, o @ M^T) are
+// split over 4 x 128 threads: thread (part, j) sums i in [32 part, 32 part + 32)
+// for column j with its 32 matrix entries loaded at once. With one thread per
+// column doing all 128 terms, the loads of M (cold after the K/V stream has
+// gone through L2) were 128 dependent round trips: ~90 us at batch 1.
+constexpr int kRotThreads = 4 * kD;
+
+// out[g][j] = sum_i in[g][i] * mat[i][j] for g < group, through red (4 partial sums).
+__device__ __forceinline__ void small_matmul(const float (*in)[kD], const float* mat, int group,
+                                             float (*red)[kDeviceMaxGroup][kD]) {
+  const int j = threadIdx.x % kD, part = threadIdx.x / kD;
+  float m[32];
 #pragma unroll
-  for (int g = 0; g < kDeviceMaxGroup; ++g) acc[g] = 0.0f;
-  if (m == nullptr) {
-    for (int g = 0; g < group; ++g) acc[g] = qs[g][j];
-  } else {
-    for (int i = 0; i < kD; ++i) {
-      const float mij = m[i * kD + j];
+  for (int i = 0; i < 32; ++i) m[i] = mat[(32 * part + i) * kD + j];
+  for (int g = 0; g < group; ++g) {
+    float acc = 0.0f;
 #pragma unroll
-      for (int g = 0; g < kDeviceMaxGroup; ++g)
-        if (g < group) acc[g] = fmaf(qs[g][i], mij, acc[g]);
-    }
+    for (int i = 0; i < 32; ++i) acc = fmaf(in[g][32 * part + i], m[i], acc);
+    red[part][g][j] = acc;
   }
-#pragma unroll
-  for (int g = 0; g < kDeviceMaxGroup; ++g)
-    if (g < group) out[base + g * kD + j] = acc[g] * scale_log2;
+}
+
+// q' = (q @ M) * scale_log2 (or q * scale_log2 when K is fp16), one CTA per
+// (row, KV head): M is read once for the whole group.
+__global__ void __launch_bounds__(kRotThreads) rotate_queries_kernel(const float* q, const float* m, float* out,
+                                                                     int num_q_heads, int group, float scale_log2) {
+  // The attention kernel may start now: it prefetches K/V and builds its
+  // tables, then waits for this grid's writes before reading the queries.
+  allow_next_kernel();
+  __shared__ float qs[kDeviceMaxGroup][kD];
+  __shared__ float red[4][kDeviceMaxGroup][kD];
+  const int r = blockIdx.x, h = blockIdx.y;
+  const int64_t base = (static_cast<int64_t>(r) * num_q_heads + h * group) * kD;
+  for (int t = threadIdx.x; t < group * kD; t += kRotThreads) qs[t / kD][t % kD] = q[base + t];
+  __syncthreads();
+  if (m == nullptr) {
+    for (int t = threadIdx.x; t < group * kD; t += kRotThreads) out[base + t] = qs[t / kD][t % kD] * scale_log2;
+    return;
+  }
+  small_matmul(qs, m, group, red);
+  __syncthreads();
+  for (int t = threadIdx.x; t < group * kD; t += kRotThreads) {
+    const int g = t / kD, j = t % kD;
+    out[base + t] = ((red[0][g][j] + red[1][g][j]) + (red[2][g][j] + red[3][g][j])) * scale_log2;
+  }
 }
 
 // out[row][qh] = sum_c 2^(lse_c - M) o_c / sum_c 2^(lse_c - M) over the row's
 // chunks, then @ M^T when V is rotated. In place when part_out == out (one chunk).
-__global__ void __launch_bounds__(kD) merge_kernel(AttnArgs a, const float* mt, float* out) {
+__global__ void __launch_bounds__(kRotThreads) merge_kernel(AttnArgs a, const float* mt, float* out) {
+  wait_for_previous_kernel();
   __shared__ float ys[kDeviceMaxGroup][kD];
-  const int r = blockIdx.x, h = blockIdx.y, j = threadIdx.x;
+  __shared__ float red[4][kDeviceMaxGroup][kD];
+  const int r = blockIdx.x, h = blockIdx.y;
   int table_row;
   int64_t len;
   row_of(a, r, table_row, len);
   const int n_chunks = static_cast<int>((len + a.split_tokens - 1) / a.split_tokens);
-  for (int g = 0; g < a.group; ++g) {
+  for (int t = threadIdx.x; t < a.group * kD; t += kRotThreads) {
+    const int g = t / kD, j = t % kD;
     const int64_t base = (static_cast<int64_t>(r) * a.num_q_heads + h * a.group + g) * a.max_splits;
     float M = -INFINITY;
+#pragma unroll 8
     for (int s = 0; s < n_chunks; ++s) M = fmaxf(M, a.part_lse[base + s]);
     float total = 0.0f, acc = 0.0f;
+#pragma unroll 8
     for (int s = 0; s < n_chunks; ++s) {
       const float w = exp2f(a.part_lse[base + s] - M);
       total += w;
-      acc += w * a.part_out[(base + s) * kD + j];
+      acc = fmaf(w, a.part_out[(base + s) * kD + j], acc);
     }
     ys[g][j] = acc / total;
   }
   __syncthreads();
-  for (int g = 0; g < a.group; ++g) {
-    float x = ys[g][j];
-    if (mt != nullptr) {
-      x = 0.0f;
-      for (int i = 0; i < kD; ++i) x = fmaf(ys[g][i], mt[i * kD + j], x);
-    }
-    out[(static_cast<int64_t>(r) * a.num_q_heads + h * a.group + g) * kD + j] = x;
+  const int64_t out_base = (static_cast<int64_t>(r) * a.num_q_heads + h * a.group) * kD;
+  if (mt == nullptr) {
+    for (int t = threadIdx.x; t < a.group * kD; t += kRotThreads) out[out_base + t] = ys[t / kD][t % kD];
+    return;
   }
+  small_matmul(ys, mt, a.group, red);
+  __syncthreads();
+  for (int t = threadIdx.x; t < a.group * kD; t += kRotThreads) {
+    const int g = t / kD, j = t % kD;
+    out[out_base + t] = (red[0][g][j] + red[1][g][j]) + (red[2][g][j] + red[3][g][j]);
+  }
+}
+
+bool device_has_pdl() {
+  static const int cc_major = [] {
+    int device = 0, major = 0;
+    LOWBIT_CUDA_CHECK(cudaGetDevice(&device));
+    LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    return major;
+  }();
+  return cc_major >= 9;
+}
+
+// Programmatic dependent launch (Hopper): the kernel may start while the
+// previous one in the stream finishes; it synchronises with griddepcontrol.
+// Saves the launch gap between the three kernels of a decode step (a few us,
+// a tenth of the batch-1 budget).
+template <typename... Params, typename... Args>
+void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                Args&&... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  if (device_has_pdl()) {
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+  }
+  LOWBIT_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+  LOWBIT_CUDA_CHECK_LAUNCH();
 }
 
 int fmt_of(KvFormat f) {
@@ -541,16 +635,15 @@ void launch_attend(const AttnArgs& a, dim3 grid, cudaStream_t stream) {
   const int stage_bytes =
       kTile * (L::KR + L::VR) + (quantized(KF) ? kTile * sb : 0) + (quantized(VF) ? kTile * sb : 0);
   const int lut_bytes = 4 * 32 * (lut_entries(KF) + (VF == KF ? 0 : lut_entries(VF)));
-  const int merge_bytes = 4 * (kWarps * 16 * kD + 2 * kWarps * 16);
-  const int smem = lut_bytes + std::max(kWarps * L::kStages * stage_bytes, merge_bytes);
+  const int merge_bytes = 4 * (L::kWarps * 8 * kD + 2 * L::kWarps * 8);
+  const int smem = lut_bytes + std::max(L::kWarps * L::kStages * stage_bytes, merge_bytes);
   static int configured = 0;
   if (configured < smem) {
     LOWBIT_CUDA_CHECK(
         cudaFuncSetAttribute(attend_kernel<KF, VF>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     configured = smem;
   }
-  attend_kernel<KF, VF><<<grid, kThreads, smem, stream>>>(a);
-  LOWBIT_CUDA_CHECK_LAUNCH();
+  launch_pdl(attend_kernel<KF, VF>, grid, dim3(32 * L::kWarps), static_cast<size_t>(smem), stream, a);
 }
 
 template <int KF>
@@ -594,14 +687,15 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
   const int H = cfg.num_kv_heads;
   LOWBIT_CHECK_ARG(num_q_heads >= H && num_q_heads % H == 0 && num_q_heads / H <= kDeviceMaxGroup, "num_q_heads",
                    num_q_heads,
-                   "a multiple of num_kv_heads = " + std::to_string(H) + " with at most 16 query heads per KV head");
+                   "a multiple of num_kv_heads = " + std::to_string(H) + " with at most 8 query heads per KV head");
   LOWBIT_CHECK_ARG(q != nullptr && out != nullptr, "q/out", "null", "device pointers");
   LOWBIT_CHECK_ARG(rows >= 1 && rows <= 65535, "rows", rows, "1 to 65535 query rows per call");
   LOWBIT_CHECK_ARG(options.softmax_scale >= 0.0f, "softmax_scale", options.softmax_scale, "0 (default) or positive");
   LOWBIT_CHECK_ARG(options.split_tokens >= 0 && options.split_tokens % kTile == 0, "split_tokens",
                    options.split_tokens, "0 (auto) or a positive multiple of 16");
   const int group = num_q_heads / H;
-  const int64_t split = options.split_tokens > 0 ? options.split_tokens
+  const int64_t whole = (max_length + kTile - 1) / kTile * kTile;  // one chunk per row
+  const int64_t split = options.split_tokens > 0 ? std::min(options.split_tokens, whole)
                                                  : decode_split_tokens(rows, H, max_length, sm_count());
   const int max_splits = static_cast<int>((max_length + split - 1) / split);
   LOWBIT_CHECK_ARG(max_splits <= 65535, "split_tokens", split, "at most 65535 chunks per row");
@@ -610,8 +704,8 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
   const size_t q_floats = static_cast<size_t>(rows) * num_q_heads * kD;
   float* q_rot = ws.q_rotated(q_floats);
   const bool k_rot = is_quantized(cfg.k_format), v_rot = is_quantized(cfg.v_format);
-  rotate_queries_kernel<<<dim3(rows, H), kD, 0, stream>>>(q, k_rot ? cache.rotation(layer) : nullptr, q_rot,
-                                                          num_q_heads, group, scale * kLog2e);
+  rotate_queries_kernel<<<dim3(rows, H), kRotThreads, 0, stream>>>(q, k_rot ? cache.rotation(layer) : nullptr,
+                                                                   q_rot, num_q_heads, group, scale * kLog2e);
   LOWBIT_CUDA_CHECK_LAUNCH();
 
   AttnArgs a{};
@@ -641,19 +735,32 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
     for (size_t i = 0; i < c.size(); ++i) dst[i] = c[i];
   }
   dispatch(fmt_of(cfg.k_format), fmt_of(cfg.v_format), a, dim3(max_splits, H, rows), stream);
-  merge_kernel<<<dim3(rows, H), kD, 0, stream>>>(a, v_rot ? cache.rotation_t(layer) : nullptr, out);
-  LOWBIT_CUDA_CHECK_LAUNCH();
+  const float* mt = v_rot ? cache.rotation_t(layer) : nullptr;
+  launch_pdl(merge_kernel, dim3(rows, H), dim3(kRotThreads), 0, stream, a, mt, out);
 }
 
 }  // namespace
 
 int64_t decode_split_tokens(int rows, int num_kv_heads, int64_t max_length, int sm_count) {
-  const int64_t target_ctas = 4 * int64_t{std::max(sm_count, 1)};
-  const int64_t per_row = std::max<int64_t>(1, (target_ctas + int64_t{rows} * num_kv_heads - 1) /
-                                                   (int64_t{rows} * num_kv_heads));
-  int64_t chunk = (std::max<int64_t>(max_length, 1) + per_row - 1) / per_row;
-  chunk = std::max<int64_t>(chunk, 128);
-  return (chunk + kTile - 1) / kTile * kTile;
+  // Both kernel variants are sized for 2 resident CTAs per SM. Every CTA of a
+  // call has about the same work, so the time is (waves) x (tiles per CTA +
+  // a CTA's fixed cost): a partial last wave costs a whole wave (576 CTAs on
+  // 264 slots ran 3 waves of which the last was 18% full). Pick the split
+  // count with the least cost, at least one tile per warp.
+  const int64_t slots = 2 * int64_t{std::max(sm_count, 1)};
+  const int64_t pairs = int64_t{rows} * num_kv_heads;
+  const int64_t tiles = (std::max<int64_t>(max_length, 1) + kTile - 1) / kTile;
+  constexpr int64_t kFixedTiles = 4;  // tables, query fragments, the warps' merge
+  constexpr int64_t kMinTilesPerCta = 8;
+  int64_t best_splits = 1, best_cost = -1;
+  for (int64_t s = 1; s <= std::min<int64_t>(tiles, 4096); ++s) {
+    const int64_t per_cta = (tiles + s - 1) / s;
+    if (s > 1 && per_cta < kMinTilesPerCta) break;
+    const int64_t waves = (pairs * s + slots - 1) / slots;
+    const int64_t cost = waves * (per_cta + kFixedTiles);
+    if (best_cost < 0 || cost < best_cost) best_cost = cost, best_splits = s;
+  }
+  return (tiles + best_splits - 1) / best_splits * kTile;
 }
 
 void device_decode_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTables& tables, int num_q_heads,

@@ -25,7 +25,7 @@
 //  - prefill: the decode kernel with one row per query token, each attending
 //    causally to the tokens up to its own position (correct, not fast: the
 //    K/V of the block are re-read per query token, mostly from L2).
-// Restrictions of the device path: head_dim 128, at most 16 query heads per KV
+// Restrictions of the device path: head_dim 128, at most 8 query heads per KV
 // head. The write kernel does not validate values (that would need a device
 // to host round trip per step): a non-finite K/V or a scale beyond f16's
 // range stores a non-finite scale, which attention turns into NaN outputs
@@ -45,7 +45,7 @@
 namespace lowbit::kv {
 
 inline constexpr int kDeviceHeadDim = 128;
-inline constexpr int kDeviceMaxGroup = 16;
+inline constexpr int kDeviceMaxGroup = 8;
 
 class DeviceKvCache {
  public:
@@ -123,9 +123,10 @@ struct DeviceDecodeOptions {
   int64_t split_tokens = 0;    // KV chunk per CTA, a multiple of 16; 0: chosen by decode_split_tokens
 };
 
-// The chunk length the decode kernel uses when none is given: enough CTAs
-// for two waves of two CTAs per SM over rows * num_kv_heads, but chunks of at
-// least 128 tokens (a CTA's fixed cost is a few tiles' worth); a multiple of 16.
+// The chunk length the decode kernel uses when none is given (a multiple of
+// 16): the split count that minimises waves x (tiles per CTA + a CTA's fixed
+// cost) for rows * num_kv_heads * splits CTAs on 2 CTAs per SM, with at least
+// 8 tiles of 16 tokens per CTA (one per warp).
 int64_t decode_split_tokens(int rows, int num_kv_heads, int64_t max_length, int sm_count);
 
 // Decode attention (attention_ref.h's paged_decode_attention_ref): q, out
