@@ -1,7 +1,5 @@
 // The CUDA forward pass (cuda_engine.h): weights to the device, one step of
 // the decoder over stacked rows, and the Backend that `lowbit generate` uses.
-#include "lowbit/engine/cuda_engine.h"
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -12,7 +10,9 @@
 #include "lowbit/core/error.h"
 #include "lowbit/core/half.h"
 #include "lowbit/cuda/check.h"
+#include "lowbit/cuda/device.h"
 #include "lowbit/cuda/random.h"
+#include "lowbit/engine/cuda_engine.h"
 #include "lowbit/ops/layer_ops_cuda.h"
 
 namespace lowbit::engine {
@@ -57,7 +57,8 @@ WeightMatrix stack_rows(std::initializer_list<const WeightMatrix*> parts) {
     out.f32.resize(static_cast<size_t>(rows * first.cols));
     int64_t r0 = 0;
     for (const WeightMatrix* m : parts) {
-      for (int64_t r = 0; r < m->rows; ++r) m->dequant_row(r, &out.f32[static_cast<size_t>((r0 + r) * first.cols)]);
+      for (int64_t r = 0; r < m->rows; ++r)
+        m->dequant_row(r, &out.f32[static_cast<size_t>((r0 + r) * first.cols)]);
       r0 += m->rows;
     }
   }
@@ -97,6 +98,19 @@ DeviceLinear random_linear(int64_t N, int64_t K, bool w4, uint64_t seed) {
   return d;
 }
 
+// What the CUDA kernels cover; the rest runs on the CPU backend.
+void check_cuda_support(const ModelConfig& c) {
+  if (c.head_dim != kv::kDeviceHeadDim)
+    fail(ErrorKind::unsupported, "the CUDA engine needs head_dim ", kv::kDeviceHeadDim,
+         " (its attention kernels are built for it); this model has ", c.head_dim);
+  if (c.num_heads / c.num_kv_heads > kv::kDeviceMaxGroup)
+    fail(ErrorKind::unsupported, "the CUDA attention takes at most ", kv::kDeviceMaxGroup,
+         " query heads per KV head; this model has ", c.num_heads / c.num_kv_heads);
+  if (c.attention_bias) fail(ErrorKind::unsupported, "the CUDA engine does not support attention biases yet");
+  if (!c.rope_freq_factors.empty())
+    fail(ErrorKind::unsupported, "the CUDA engine does not support rope_freqs factors yet");
+}
+
 TensorView dev(void* p, DType t, std::initializer_list<int64_t> shape) {
   return TensorView::contiguous(p, t, shape, Device::cuda);
 }
@@ -117,11 +131,16 @@ TensorView rows_view(const Buffer& b, int64_t offset, int64_t rows, int64_t cols
 
 kv::KvFormat to_kv_format(KvStorage s) {
   switch (s) {
-    case KvStorage::fp16: return kv::KvFormat::fp16;
-    case KvStorage::tq4: return kv::KvFormat::tq4;
-    case KvStorage::tq3: return kv::KvFormat::tq3;
-    case KvStorage::tq2: return kv::KvFormat::tq2;
-    case KvStorage::fp32: break;
+    case KvStorage::fp16:
+      return kv::KvFormat::fp16;
+    case KvStorage::tq4:
+      return kv::KvFormat::tq4;
+    case KvStorage::tq3:
+      return kv::KvFormat::tq3;
+    case KvStorage::tq2:
+      return kv::KvFormat::tq2;
+    case KvStorage::fp32:
+      break;
   }
   fail(ErrorKind::unsupported, "the CUDA KV cache stores fp16, tq4, tq3 or tq2, not fp32");
 }
@@ -151,21 +170,20 @@ size_t DeviceModel::bytes_per_token() const {
 std::string DeviceModel::describe() const {
   std::ostringstream s;
   const bool w4 = !layers.empty() && layers[0].qkv.w4.has_value();
-  s << (w4 ? "w4 g128" : "fp16") << " linears, " << static_cast<double>(weight_bytes()) / 1e9 << " GB on the device";
+  s << (w4 ? "w4 g128" : "fp16") << " linears, " << static_cast<double>(weight_bytes()) / 1e9
+    << " GB on the device";
   return s.str();
 }
 
 DeviceModel DeviceModel::upload(const Model& model, bool quantize_dense_to_w4) {
   const ModelConfig& c = model.config;
-  LOWBIT_REQUIRE(c.head_dim == kv::kDeviceHeadDim, "the CUDA engine needs head_dim ", kv::kDeviceHeadDim,
-                 " (its attention kernels are built for it); this model has ", c.head_dim);
-  LOWBIT_REQUIRE(!c.attention_bias, "the CUDA engine does not support attention biases yet");
-  LOWBIT_REQUIRE(c.rope_freq_factors.empty(), "the CUDA engine does not support rope_freqs factors yet");
+  check_cuda_support(c);
   DeviceModel d;
   d.config = c;
   const ModelWeights& w = model.weights;
   std::vector<float> table(static_cast<size_t>(w.embed.rows * w.embed.cols));
-  for (int64_t r = 0; r < w.embed.rows; ++r) w.embed.dequant_row(r, &table[static_cast<size_t>(r * w.embed.cols)]);
+  for (int64_t r = 0; r < w.embed.rows; ++r)
+    w.embed.dequant_row(r, &table[static_cast<size_t>(r * w.embed.cols)]);
   d.embed = upload_f16(table);
   for (const LayerWeights& L : w.layers) {
     DeviceLayer dl;
@@ -198,7 +216,7 @@ DeviceModel DeviceModel::upload(const Model& model, bool quantize_dense_to_w4) {
 
 DeviceModel DeviceModel::random(const ModelConfig& c, bool w4, uint64_t seed) {
   c.validate();
-  LOWBIT_REQUIRE(c.head_dim == kv::kDeviceHeadDim, "the CUDA engine needs head_dim ", kv::kDeviceHeadDim);
+  check_cuda_support(c);
   DeviceModel d;
   d.config = c;
   d.embed = Buffer(static_cast<size_t>(c.vocab * c.hidden) * 2, Device::cuda);
@@ -238,7 +256,8 @@ DeviceModel DeviceModel::random(const ModelConfig& c, bool w4, uint64_t seed) {
 CudaEngine::CudaEngine(const DeviceModel& model, const CudaEngineOptions& options)
     : model_(model), options_(options) {
   const ModelConfig& c = model.config;
-  LOWBIT_REQUIRE(options.max_sequences >= 1 && options.max_tokens >= 1, "max_sequences and max_tokens must be >= 1");
+  LOWBIT_REQUIRE(options.max_sequences >= 1 && options.max_tokens >= 1,
+                 "max_sequences and max_tokens must be >= 1");
   kv::KvCacheConfig kc;
   kc.num_layers = static_cast<int>(c.num_layers);
   kc.num_kv_heads = static_cast<int>(c.num_kv_heads);
@@ -250,7 +269,8 @@ CudaEngine::CudaEngine(const DeviceModel& model, const CudaEngineOptions& option
   kc.v_format = options.v_format;
   kc.rotation_seed_base = options.rotation_seed;
   LOWBIT_REQUIRE(c.num_heads / c.num_kv_heads <= kv::kDeviceMaxGroup, "the CUDA attention takes at most ",
-                 kv::kDeviceMaxGroup, " query heads per KV head; this model has ", c.num_heads / c.num_kv_heads);
+                 kv::kDeviceMaxGroup, " query heads per KV head; this model has ",
+                 c.num_heads / c.num_kv_heads);
   cache_ = std::make_unique<kv::DeviceKvCache>(kc);
   for (int64_t p = kc.num_pages - 1; p >= 0; --p) free_pages_.push_back(static_cast<int32_t>(p));
   LOWBIT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -282,7 +302,8 @@ int CudaEngine::add_sequence() {
 }
 
 void CudaEngine::release_sequence(int seq) {
-  LOWBIT_REQUIRE(seq >= 0 && seq < static_cast<int>(seq_live_.size()) && seq_live_[seq], "unknown sequence ", seq);
+  LOWBIT_REQUIRE(seq >= 0 && seq < static_cast<int>(seq_live_.size()) && seq_live_[seq], "unknown sequence ",
+                 seq);
   for (int32_t p : seq_pages_[seq]) free_pages_.push_back(p);
   seq_pages_[seq].clear();
   seq_length_[seq] = 0;
@@ -290,7 +311,8 @@ void CudaEngine::release_sequence(int seq) {
 }
 
 int64_t CudaEngine::length(int seq) const {
-  LOWBIT_REQUIRE(seq >= 0 && seq < static_cast<int>(seq_live_.size()) && seq_live_[seq], "unknown sequence ", seq);
+  LOWBIT_REQUIRE(seq >= 0 && seq < static_cast<int>(seq_live_.size()) && seq_live_[seq], "unknown sequence ",
+                 seq);
   return seq_length_[seq];
 }
 
@@ -311,8 +333,12 @@ int64_t CudaEngine::extend(int seq, int64_t n) {
 void CudaEngine::ensure_capacity(int64_t tokens, int64_t logit_rows) {
   const ModelConfig& c = model_.config;
   if (tokens > capacity_tokens_) {
-    const auto f16_rows = [&](int64_t width) { return Buffer(static_cast<size_t>(tokens * width) * 2, Device::cuda); };
-    const auto f32_rows = [&](int64_t width) { return Buffer(static_cast<size_t>(tokens * width) * 4, Device::cuda); };
+    const auto f16_rows = [&](int64_t width) {
+      return Buffer(static_cast<size_t>(tokens * width) * 2, Device::cuda);
+    };
+    const auto f32_rows = [&](int64_t width) {
+      return Buffer(static_cast<size_t>(tokens * width) * 4, Device::cuda);
+    };
     tokens_ = Buffer(static_cast<size_t>(tokens) * 4, Device::cuda);
     positions_ = Buffer(static_cast<size_t>(tokens) * 4, Device::cuda);
     residual_ = f16_rows(c.hidden);
@@ -339,16 +365,16 @@ void CudaEngine::ensure_capacity(int64_t tokens, int64_t logit_rows) {
 
 void CudaEngine::linear(const DeviceLinear& w, const void* x, int64_t M, void* y) {
   if (w.w4) {
-    w4a16_gemm(dev(const_cast<void*>(x), DType::f16, {M, w.K}), *w.w4, dev(y, DType::f16, {M, w.N}), w4_workspace_, {},
-               stream_);
+    w4a16_gemm(dev(const_cast<void*>(x), DType::f16, {M, w.K}), *w.w4, dev(y, DType::f16, {M, w.N}),
+               w4_workspace_, {}, stream_);
   } else {
     const void* weights = w.dense.data() != nullptr ? w.dense.data() : model_.embed.data();
     cuda::gemm_f16_cublas(cublas_.get(), x, weights, y, M, w.N, w.K, stream_, cuda::WeightLayout::nk);
   }
 }
 
-void CudaEngine::attention_layer(int layer, std::span<const StepRow> rows, const kv::DeviceBlockTables& tables,
-                                 int64_t M) {
+void CudaEngine::attention_layer(int layer, std::span<const StepRow> rows,
+                                 const kv::DeviceBlockTables& tables, int64_t M) {
   const ModelConfig& c = model_.config;
   const int hq = static_cast<int>(c.num_heads);
   const bool decode = static_cast<int64_t>(rows.size()) == M;  // one token per row
@@ -362,10 +388,11 @@ void CudaEngine::attention_layer(int layer, std::span<const StepRow> rows, const
   for (size_t r = 0; r < rows.size(); ++r) {
     const StepRow& row = rows[r];
     kv::device_write_tokens(*cache_, layer, tables, static_cast<int>(r), row.first_pos, row.n,
-                            k32_.as<float>() + offset * c.kv_dim(), v32_.as<float>() + offset * c.kv_dim(), stream_);
+                            k32_.as<float>() + offset * c.kv_dim(), v32_.as<float>() + offset * c.kv_dim(),
+                            stream_);
     kv::device_prefill_attention(*cache_, layer, tables, static_cast<int>(r), row.first_pos, row.n, hq,
-                                 q32_.as<float>() + offset * c.q_dim(), out32_.as<float>() + offset * c.q_dim(),
-                                 attention_workspace_, {}, stream_);
+                                 q32_.as<float>() + offset * c.q_dim(),
+                                 out32_.as<float>() + offset * c.q_dim(), attention_workspace_, {}, stream_);
     offset += row.n;
   }
 }
@@ -373,8 +400,8 @@ void CudaEngine::attention_layer(int layer, std::span<const StepRow> rows, const
 void CudaEngine::step(std::span<const StepRow> rows, std::span<const int32_t> tokens_host, bool all_tokens) {
   int64_t M = 0;
   for (const StepRow& r : rows) M += r.n;
-  LOWBIT_REQUIRE(static_cast<int64_t>(tokens_host.size()) == M, "step: ", tokens_host.size(), " token ids for ", M,
-                 " positions");
+  LOWBIT_REQUIRE(static_cast<int64_t>(tokens_host.size()) == M, "step: ", tokens_host.size(),
+                 " token ids for ", M, " positions");
   for (int32_t t : tokens_host)
     LOWBIT_REQUIRE(t >= 0 && t < model_.config.vocab, "token id ", t, " outside the vocabulary of ",
                    model_.config.vocab);
@@ -392,8 +419,9 @@ void CudaEngine::prepare(std::span<const StepRow> rows, bool all_tokens) {
   std::vector<int64_t> lengths;
   std::vector<int32_t> last_rows;
   for (const StepRow& r : rows) {
-    LOWBIT_REQUIRE(r.n >= 1 && r.first_pos >= 0 && r.first_pos + r.n <= length(r.seq), "step: row of sequence ", r.seq,
-                   " at ", r.first_pos, " + ", r.n, " is beyond its length ", length(r.seq), " (extend first)");
+    LOWBIT_REQUIRE(r.n >= 1 && r.first_pos >= 0 && r.first_pos + r.n <= length(r.seq),
+                   "step: row of sequence ", r.seq, " at ", r.first_pos, " + ", r.n, " is beyond its length ",
+                   length(r.seq), " (extend first)");
     for (int64_t i = 0; i < r.n; ++i) positions.push_back(static_cast<int32_t>(r.first_pos + i));
     tables.push_back(seq_pages_[r.seq]);
     lengths.push_back(r.first_pos + r.n);
@@ -439,7 +467,8 @@ void CudaEngine::launch(const int32_t* d_tokens) {
 
   ops::embedding(dev(model_.embed.data(), DType::f16, {c.vocab, c.hidden}),
                  dev(const_cast<int32_t*>(d_tokens), DType::i32, {M}), residual, stream_);
-  ops::rms_norm(residual, dev(model_.layers[0].attn_norm.data(), DType::f16, {c.hidden}), eps, normed, stream_);
+  ops::rms_norm(residual, dev(model_.layers[0].attn_norm.data(), DType::f16, {c.hidden}), eps, normed,
+                stream_);
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const DeviceLayer& L = model_.layers[static_cast<size_t>(l)];
     linear(L.qkv, normed_.data(), M, qkv_.data());
@@ -459,8 +488,8 @@ void CudaEngine::launch(const int32_t* d_tokens) {
     ops::convert_rows(rows_view(qkv_, c.q_dim() + c.kv_dim(), M, c.kv_dim(), qkv_dim),
                       dev(v32_.data(), DType::f32, {M, c.kv_dim()}), stream_);
     attention_layer(static_cast<int>(l), rows_, tables_, M);
-    ops::convert_rows(dev(out32_.data(), DType::f32, {M, c.q_dim()}), dev(attn_.data(), DType::f16, {M, c.q_dim()}),
-                      stream_);
+    ops::convert_rows(dev(out32_.data(), DType::f32, {M, c.q_dim()}),
+                      dev(attn_.data(), DType::f16, {M, c.q_dim()}), stream_);
     linear(L.o, attn_.data(), M, tmp_.data());
     ops::add_rms_norm(residual, tmp, dev(L.ffn_norm.data(), DType::f16, {c.hidden}), eps, normed, stream_);
     linear(L.gate_up, normed_.data(), M, gate_up_.data());
@@ -493,7 +522,8 @@ void CudaEngine::fill_random_kv(uint64_t seed) {
     lengths.push_back(seq_length_[s]);
   }
   if (tables.empty()) return;
-  const kv::DeviceBlockTables block_tables = kv::DeviceBlockTables::from_host(tables, lengths, options_.page_size);
+  const kv::DeviceBlockTables block_tables =
+      kv::DeviceBlockTables::from_host(tables, lengths, options_.page_size);
   const size_t values = static_cast<size_t>(kChunk * c.kv_dim());
   Buffer random16(values * 2, Device::cuda), k(values * 4, Device::cuda), v(values * 4, Device::cuda);
   const TensorView r16 = dev(random16.data(), DType::f16, {kChunk, c.kv_dim()});
@@ -535,8 +565,11 @@ class DeviceKvAccounting final : public KvStore {
   void release_sequence(int) override { unsupported(); }
   int64_t extend(int, int64_t) override { unsupported(); }
   int64_t length(int) const override { unsupported(); }
-  void write(int, int, int64_t, int64_t, std::span<const float>, std::span<const float>) override { unsupported(); }
-  void attend(int, int, int64_t, int64_t, std::span<const float>, std::span<float>, ThreadPool*) const override {
+  void write(int, int, int64_t, int64_t, std::span<const float>, std::span<const float>) override {
+    unsupported();
+  }
+  void attend(int, int, int64_t, int64_t, std::span<const float>, std::span<float>,
+              ThreadPool*) const override {
     unsupported();
   }
   int64_t bytes_per_token() const override { return engine_.kv_bytes_per_token(); }
@@ -546,7 +579,8 @@ class DeviceKvAccounting final : public KvStore {
 
  private:
   [[noreturn]] static void unsupported() {
-    fail(ErrorKind::unsupported, "the CUDA backend's KV cache lives on the device; use the backend's methods");
+    fail(ErrorKind::unsupported,
+         "the CUDA backend's KV cache lives on the device; use the backend's methods");
   }
   const CudaEngine& engine_;
   std::string description_;
@@ -558,7 +592,8 @@ class CudaBackend final : public Backend {
       : model_(model),
         device_model_(DeviceModel::upload(model, quantize_dense_to_w4)),
         engine_(device_model_, engine_options(kv)),
-        accounting_(engine_, kv.describe() + " on the device") {}
+        accounting_(engine_, kv.describe() + " on the device"),
+        max_tokens_(kv.max_tokens) {}
 
   std::string name() const override { return "cuda"; }
   int add_sequence() override { return engine_.add_sequence(); }
@@ -570,13 +605,23 @@ class CudaBackend final : public Backend {
 
   void forward(std::span<const StepInput> inputs, LogitsWanted wanted, std::vector<float>& logits) override {
     LOWBIT_REQUIRE(!inputs.empty(), "forward: no inputs");
-    std::vector<StepRow> rows;
-    std::vector<int32_t> tokens;
-    for (const StepInput& in : inputs) {
+    // Everything is checked before any sequence grows: a refused call
+    // leaves the backend as it was.
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const StepInput& in = inputs[i];
       LOWBIT_REQUIRE(!in.tokens.empty(), "forward: an input without tokens");
+      for (size_t j = 0; j < i; ++j)
+        LOWBIT_REQUIRE(inputs[j].seq != in.seq, "forward: sequence ", in.seq, " appears twice in one step");
       for (int32_t t : in.tokens)
         LOWBIT_REQUIRE(t >= 0 && t < model_.config.vocab, "token id ", t, " outside the vocabulary of ",
                        model_.config.vocab);
+      const int64_t after = engine_.length(in.seq) + static_cast<int64_t>(in.tokens.size());
+      LOWBIT_REQUIRE(after <= max_tokens_, "sequence ", in.seq, " would hold ", after,
+                     " tokens; the cache was made for ", max_tokens_, " (--max-tokens)");
+    }
+    std::vector<StepRow> rows;
+    std::vector<int32_t> tokens;
+    for (const StepInput& in : inputs) {
       const int64_t n = static_cast<int64_t>(in.tokens.size());
       rows.push_back({in.seq, engine_.extend(in.seq, n), n});
       accounting_.tokens_ += n;
@@ -610,11 +655,14 @@ class CudaBackend final : public Backend {
   DeviceModel device_model_;
   CudaEngine engine_;
   DeviceKvAccounting accounting_;
+  int64_t max_tokens_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cuda_backend(const Model& model, const KvOptions& kv, bool quantize_dense_to_w4) {
+std::unique_ptr<Backend> make_cuda_backend(const Model& model, const KvOptions& kv,
+                                           bool quantize_dense_to_w4) {
+  if (cuda_device_count() == 0) fail(ErrorKind::unsupported, "--device cuda: no CUDA device is visible");
   return std::make_unique<CudaBackend>(model, kv, quantize_dense_to_w4);
 }
 

@@ -2,6 +2,8 @@
 // architecture with random weights. A decode step of batch B at context L
 // reads every weight once plus B * L tokens of K/V: that sum at the measured
 // copy bandwidth is the floor each measurement is reported against.
+#include <cuda_runtime.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -9,8 +11,6 @@
 #include <random>
 #include <string>
 #include <vector>
-
-#include <cuda_runtime.h>
 
 #include "lowbit/bench/json_rows.h"
 #include "lowbit/core/error.h"
@@ -93,7 +93,8 @@ void run_model_benchmark(const ModelBenchOptions& options) {
   const CudaDeviceInfo device = cuda_device_info(0);
   const double copy_GBps = measure_copy_bandwidth_GBps(0);
   std::printf("model: %s (%s)\ndevice: %s, %d SMs, copy bandwidth %.0f GB/s (read + write)\n",
-              options.config.c_str(), config.describe().c_str(), device.name.c_str(), device.sm_count, copy_GBps);
+              options.config.c_str(), config.describe().c_str(), device.name.c_str(), device.sm_count,
+              copy_GBps);
   std::unique_ptr<bench::JsonRowsWriter> json;
   if (!options.json_path.empty()) json = std::make_unique<bench::JsonRowsWriter>(options.json_path);
 
@@ -141,21 +142,34 @@ void run_model_benchmark(const ModelBenchOptions& options) {
             engine->prepare(rows, false);
             bool graph_used = false;
             std::string graph_note;
-            const bench::TimingStats decode =
-                time_step(*engine, d_ids.as<const int32_t>(), options.reps, options.graphs, graph_used, graph_note);
-            Result r{weights, kv_name, "decode", batch, context, decode.median_us,
-                     batch / (decode.median_us * 1e-6), (weight_bytes + kv_read) / (copy_GBps * 1e3), graph_used};
+            const bench::TimingStats decode = time_step(*engine, d_ids.as<const int32_t>(), options.reps,
+                                                        options.graphs, graph_used, graph_note);
+            Result r{weights,
+                     kv_name,
+                     "decode",
+                     batch,
+                     context,
+                     decode.median_us,
+                     batch / (decode.median_us * 1e-6),
+                     (weight_bytes + kv_read) / (copy_GBps * 1e3),
+                     graph_used};
             results.push_back(r);
             std::printf("   %-50s decode %9.1f us/step %8.1f tok/s  floor %8.1f us (%4.0f%% of it)%s\n",
                         label.c_str(), r.us, r.tokens_per_s, r.floor_us, 100.0 * r.floor_us / r.us,
-                        graph_used ? "  [graph]" : (graph_note.empty() ? "" : ("  [eager: " + graph_note + "]").c_str()));
+                        graph_used ? "  [graph]"
+                                   : (graph_note.empty() ? "" : ("  [eager: " + graph_note + "]").c_str()));
             std::fflush(stdout);
             if (json) {
-              bench::BenchRow row{"model_decode", weights + "+" + kv_name,
+              bench::BenchRow row{"model_decode",
+                                  weights + "+" + kv_name,
                                   {{"config", options.config}, {"batch", batch}, {"context", context}},
-                                  decode, static_cast<uint64_t>(weight_bytes + kv_read), std::nullopt,
-                                  {{"tokens_per_s", r.tokens_per_s}, {"floor_us", r.floor_us},
-                                   {"copy_GBps", copy_GBps}, {"graph", graph_used},
+                                  decode,
+                                  static_cast<uint64_t>(weight_bytes + kv_read),
+                                  std::nullopt,
+                                  {{"tokens_per_s", r.tokens_per_s},
+                                   {"floor_us", r.floor_us},
+                                   {"copy_GBps", copy_GBps},
+                                   {"graph", graph_used},
                                    {"kv_bytes_per_token", engine->kv_bytes_per_token()}}};
               json->write(row);
             }
@@ -167,17 +181,29 @@ void run_model_benchmark(const ModelBenchOptions& options) {
               engine->prepare(prefill_rows, false);
               bool unused = false;
               std::string unused_note;
-              const bench::TimingStats prefill = time_step(*engine, d_ids.as<const int32_t>(),
-                                                           std::max(3, options.reps / 4), false, unused, unused_note);
+              const bench::TimingStats prefill =
+                  time_step(*engine, d_ids.as<const int32_t>(), std::max(3, options.reps / 4), false, unused,
+                            unused_note);
               const double tokens = static_cast<double>(batch) * static_cast<double>(context);
-              Result p{weights, kv_name, "prefill", batch, context, prefill.median_us,
-                       tokens / (prefill.median_us * 1e-6), 0, false};
+              Result p{weights,
+                       kv_name,
+                       "prefill",
+                       batch,
+                       context,
+                       prefill.median_us,
+                       tokens / (prefill.median_us * 1e-6),
+                       0,
+                       false};
               results.push_back(p);
-              std::printf("   %-50s prefill %8.1f us/step %8.0f tok/s\n", label.c_str(), p.us, p.tokens_per_s);
+              std::printf("   %-50s prefill %8.1f us/step %8.0f tok/s\n", label.c_str(), p.us,
+                          p.tokens_per_s);
               if (json) {
-                bench::BenchRow row{"model_prefill", weights + "+" + kv_name,
+                bench::BenchRow row{"model_prefill",
+                                    weights + "+" + kv_name,
                                     {{"config", options.config}, {"batch", batch}, {"context", context}},
-                                    prefill, static_cast<uint64_t>(weight_bytes), std::nullopt,
+                                    prefill,
+                                    static_cast<uint64_t>(weight_bytes),
+                                    std::nullopt,
                                     {{"tokens_per_s", p.tokens_per_s}}};
                 json->write(row);
               }
@@ -194,7 +220,8 @@ void run_model_benchmark(const ModelBenchOptions& options) {
     }
   }
 
-  std::printf("\n==== model benchmark: %s, decode tokens/s (%% of the bytes floor)\n", options.config.c_str());
+  std::printf("\n==== model benchmark: %s, decode tokens/s (%% of the bytes floor)\n",
+              options.config.c_str());
   std::printf("%-8s %-6s %6s %8s %14s %14s\n", "weights", "kv", "batch", "context", "tok/s", "floor tok/s");
   for (const Result& r : results) {
     if (r.phase != "decode") continue;

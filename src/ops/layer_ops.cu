@@ -86,7 +86,8 @@ __global__ void add_rms_norm_kernel(T* residual, const T* x, const T* w, float e
 
 // One warp per head vector (head_dim <= 1024 values, 32 per lane at most).
 template <typename T>
-__global__ void head_rms_norm_kernel(T* x, int64_t token_stride, int heads, int head_dim, const T* w, float eps) {
+__global__ void head_rms_norm_kernel(T* x, int64_t token_stride, int heads, int head_dim, const T* w,
+                                     float eps) {
   const int head = blockIdx.y * (blockDim.x / 32) + threadIdx.x / 32;
   if (head >= heads) return;
   const int lane = threadIdx.x % 32;
@@ -306,8 +307,8 @@ void head_rms_norm(const TensorView& x, const TensorView& w, float eps, cudaStre
   const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>((heads + kWarps - 1) / kWarps));
   dispatch_float(x.dtype, [&](auto tag) {
     using T = decltype(tag);
-    head_rms_norm_kernel<T><<<grid, kWarps * 32, 0, stream>>>(x.as<T>(), x.strides[0], static_cast<int>(heads),
-                                                               static_cast<int>(head_dim), w.as<const T>(), eps);
+    head_rms_norm_kernel<T><<<grid, kWarps * 32, 0, stream>>>(
+        x.as<T>(), x.strides[0], static_cast<int>(heads), static_cast<int>(head_dim), w.as<const T>(), eps);
     LOWBIT_CUDA_CHECK_LAUNCH();
   });
 }
@@ -324,8 +325,8 @@ void convert_rows(const TensorView& src, const TensorView& dst, cudaStream_t str
     using S = decltype(src_tag);
     dispatch_float(dst.dtype, [&](auto dst_tag) {
       using D = decltype(dst_tag);
-      convert_rows_kernel<S, D><<<grid_1d(rows * cols, 256), 256, 0, stream>>>(src.as<const S>(), src.strides[0],
-                                                                                rows, cols, dst.as<D>());
+      convert_rows_kernel<S, D><<<grid_1d(rows * cols, 256), 256, 0, stream>>>(
+          src.as<const S>(), src.strides[0], rows, cols, dst.as<D>());
       LOWBIT_CUDA_CHECK_LAUNCH();
     });
   });

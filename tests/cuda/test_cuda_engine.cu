@@ -10,7 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "error_matchers.h"
 #include "gpu_test_util.h"
+#include "lowbit/core/error.h"
 #include "lowbit/engine/backend.h"
 #include "lowbit/engine/cuda_engine.h"
 #include "lowbit/engine/weights.h"
@@ -101,8 +103,8 @@ TEST(CudaEngine, BatchedDecodeEqualsOneSequenceAtATime) {
   kv.page_size = 16;
   auto batched = make_cuda_backend(model, kv, false);
   auto single = make_cuda_backend(model, kv, false);
-  const std::vector<std::vector<int32_t>> prompts = {{1, 2, 3}, {7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23},
-                                                     {300}};
+  const std::vector<std::vector<int32_t>> prompts = {
+      {1, 2, 3}, {7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23}, {300}};
   std::vector<int> bseq, sseq;
   std::vector<float> logits;
   for (const auto& p : prompts) {
@@ -127,7 +129,8 @@ TEST(CudaEngine, BatchedDecodeEqualsOneSequenceAtATime) {
   batched->forward(inputs, LogitsWanted::last, logits);
   for (size_t i = 0; i < prompts.size(); ++i) {
     std::vector<float> one;
-    single->forward(std::vector<StepInput>{{sseq[i], std::span(next).subspan(i, 1)}}, LogitsWanted::last, one);
+    single->forward(std::vector<StepInput>{{sseq[i], std::span(next).subspan(i, 1)}}, LogitsWanted::last,
+                    one);
     const std::vector<float> row(logits.begin() + static_cast<int64_t>(i) * model.config.vocab,
                                  logits.begin() + static_cast<int64_t>(i + 1) * model.config.vocab);
     EXPECT_LE(max_rel_error(row, one), test::kCudaEngineBatchRelError) << "decode, sequence " << i;
@@ -140,25 +143,32 @@ TEST(CudaEngine, RejectsWhatItCannotRun) {
   c.head_dim = 64;
   const Model model = make_random_model(c, 1, WeightMode::dense, 0.08f);
   KvOptions kv;
-  EXPECT_THROW(make_cuda_backend(model, kv, false), Error);
+  EXPECT_TRUE(test::throws_error([&] { (void)make_cuda_backend(model, kv, false); }, ErrorKind::unsupported,
+                                 "head_dim"));
   const Model ok = make_random_model(tiny_config(Architecture::llama), 1, WeightMode::dense, 0.08f);
   kv.max_tokens = 8;
   auto gpu = make_cuda_backend(ok, kv, false);
   const int s = gpu->add_sequence();
   std::vector<float> logits;
-  EXPECT_THROW(gpu->forward(std::vector<StepInput>{{s, std::vector<int32_t>{384}}}, LogitsWanted::last, logits), Error);
-  EXPECT_THROW(gpu->forward(std::vector<StepInput>{{s, std::vector<int32_t>(9, 1)}}, LogitsWanted::last, logits), Error);
-  EXPECT_THROW(gpu->forward(std::vector<StepInput>{{s + 1, std::vector<int32_t>{1}}}, LogitsWanted::last, logits), Error);
+  const auto run = [&](int seq, std::vector<int32_t> tokens) {
+    gpu->forward(std::vector<StepInput>{{seq, tokens}}, LogitsWanted::last, logits);
+  };
+  EXPECT_TRUE(test::throws_error([&] { run(s, {384}); }, ErrorKind::invalid_argument, "token id 384"));
+  EXPECT_TRUE(test::throws_error([&] { run(s, std::vector<int32_t>(9, 1)); }, ErrorKind::invalid_argument,
+                                 "would hold 9"));
+  EXPECT_TRUE(test::throws_error([&] { run(s + 1, {1}); }, ErrorKind::invalid_argument, "unknown sequence"));
+  // Nothing of the refused calls was kept: the sequence still takes 8 tokens.
+  run(s, std::vector<int32_t>(8, 2));
+  EXPECT_EQ(gpu->length(s), 8);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Models, CudaEngineVsCpu,
-    ::testing::Values(Case{Architecture::llama, WeightMode::dense, KvStorage::fp16},
-                      Case{Architecture::qwen3, WeightMode::dense, KvStorage::fp16},
-                      Case{Architecture::llama, WeightMode::w4, KvStorage::fp16},
-                      Case{Architecture::qwen3, WeightMode::w4, KvStorage::tq4},
-                      Case{Architecture::llama, WeightMode::dense, KvStorage::tq3}),
-    [](const ::testing::TestParamInfo<Case>& info) { return info.param.name(); });
+INSTANTIATE_TEST_SUITE_P(Models, CudaEngineVsCpu,
+                         ::testing::Values(Case{Architecture::llama, WeightMode::dense, KvStorage::fp16},
+                                           Case{Architecture::qwen3, WeightMode::dense, KvStorage::fp16},
+                                           Case{Architecture::llama, WeightMode::w4, KvStorage::fp16},
+                                           Case{Architecture::qwen3, WeightMode::w4, KvStorage::tq4},
+                                           Case{Architecture::llama, WeightMode::dense, KvStorage::tq3}),
+                         [](const ::testing::TestParamInfo<Case>& info) { return info.param.name(); });
 
 }  // namespace
 }  // namespace lowbit::engine

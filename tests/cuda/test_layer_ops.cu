@@ -211,9 +211,9 @@ TEST(LayerOpsCuda, HeadRmsNormOnFusedQkvSlice) {
                    std::span(want).subspan(at, static_cast<size_t>(heads * d)));
     }
     const auto dqkv = upload(dtype, qkv), dw = upload(dtype, w);
-    TensorView k = TensorView::contiguous(static_cast<char*>(dqkv.buffer.data()) +
-                                              dtype_bytes(dtype, static_cast<size_t>(q_heads * d)),
-                                          dtype, {tokens, heads, d}, Device::cuda);
+    TensorView k = TensorView::contiguous(
+        static_cast<char*>(dqkv.buffer.data()) + dtype_bytes(dtype, static_cast<size_t>(q_heads * d)), dtype,
+        {tokens, heads, d}, Device::cuda);
     k.strides[0] = stride;
     head_rms_norm(k, view(dw, {d}), 1e-6f);
     const auto got = download(dqkv);

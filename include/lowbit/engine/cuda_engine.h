@@ -16,14 +16,14 @@
 // page allocator and the activation buffers, and runs steps.
 #pragma once
 
+#include <cuda_runtime.h>
+
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <vector>
-
-#include <cuda_runtime.h>
 
 #include "lowbit/core/tensor.h"
 #include "lowbit/cuda/cublas_gemm.h"
@@ -144,7 +144,8 @@ class CudaEngine {
  private:
   void ensure_capacity(int64_t tokens, int64_t logit_rows);
   void linear(const DeviceLinear& w, const void* x, int64_t M, void* y);
-  void attention_layer(int layer, std::span<const StepRow> rows, const kv::DeviceBlockTables& tables, int64_t M);
+  void attention_layer(int layer, std::span<const StepRow> rows, const kv::DeviceBlockTables& tables,
+                       int64_t M);
 
   const DeviceModel& model_;
   CudaEngineOptions options_;
@@ -170,8 +171,7 @@ class CudaEngine {
   bool all_tokens_ = false;
 };
 
-// A Backend (backend.h) over CudaEngine for `lowbit generate --device cuda`:
-// logits come back to the host as fp32.
-std::unique_ptr<Backend> make_cuda_backend(const Model& model, const KvOptions& kv, bool quantize_dense_to_w4);
+// make_cuda_backend (backend.h) is a Backend over CudaEngine: logits come back
+// to the host as fp32.
 
 }  // namespace lowbit::engine
