@@ -142,6 +142,24 @@ inline constexpr double kOpsBf16Rtol = 0x1p-7;
 // at most the row's largest magnitude; 2^-20 of it leaves room for sincosf.
 inline constexpr double kOpsAbsFloorVsMax = 0x1p-20;
 
+// ---- CUDA engine against the CPU backend (tests/cuda/test_cuda_engine.cu) -----------
+// The GPU keeps activations in fp16 (relative 2^-11 per rounding) and runs
+// weights as fp16 where the CPU uses fp32; over 2 layers and a 384-way output
+// the logits drift ~1e-3 of their scale. A wrong RoPE pairing, norm or GQA
+// mapping moves them by >= 1e-1.
+inline constexpr double kCudaEngineLogitsRelError = 2e-2;
+// With a TurboQuant KV cache the two sides quantize K/V computed from fp16
+// (GPU) and fp32 (CPU) activations: coordinates near a codebook boundary land
+// in adjacent cells, each flip moving that coordinate by one codebook step.
+// Measured on the H100: up to 0.06 (tq4) and 0.12 (tq3) of the logits' scale
+// over a 21-token prefill and 6 decode steps; these bounds leave ~1.6x room
+// and still catch a wrong rotation, page or GQA mapping (errors of order 1).
+inline constexpr double kCudaEngineLogitsRelErrorTq4 = 0.1;
+inline constexpr double kCudaEngineLogitsRelErrorTq3 = 0.2;
+// The same kernels on different batch shapes: only the summation order of
+// the GEMMs (split-K choice depends on M) and fp16 rounding differ.
+inline constexpr double kCudaEngineBatchRelError = 5e-3;
+
 // ---- entropy coding (lowbit/ans) ---------------------------------------------
 // Issue 5's size target: lowbit's format within 2% of the empirical entropy.
 // The 12-bit model alone costs ~0.1-0.4% on int8 Gaussian/Laplace codes (the

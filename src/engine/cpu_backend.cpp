@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "lowbit/core/error.h"
+#include "lowbit/cuda/device.h"
 #include "lowbit/engine/backend.h"
 #include "lowbit/engine/cpu_kernels.h"
 
@@ -186,15 +187,25 @@ std::unique_ptr<Backend> make_cpu_backend(const Model& model, const CpuBackendOp
 
 void check_device(const std::string& device) {
   if (device == "cpu" || device == "auto") return;
-  if (device == "cuda")
-    fail(ErrorKind::unsupported,
-         "--device cuda: the CUDA model engine is not available yet (the CPU engine runs with --device cpu)");
+  if (device == "cuda") {
+    if (!cuda_built()) fail(ErrorKind::unsupported, "--device cuda: this lowbit was built without CUDA");
+    if (cuda_device_count() == 0) fail(ErrorKind::unsupported, "--device cuda: no CUDA device is visible");
+    return;
+  }
   fail_argument("device", device, "auto, cpu or cuda");
 }
 
 std::unique_ptr<Backend> make_backend(const std::string& device, const Model& model, const CpuBackendOptions& options) {
   check_device(device);
-  // "auto" is the CPU until a CUDA backend exists.
+  if (device == "cuda") return make_cuda_backend(model, options.kv);
+  if (device == "auto" && cuda_device_count() > 0) {
+    try {
+      return make_cuda_backend(model, options.kv);
+    } catch (const Error& e) {
+      if (e.kind() != ErrorKind::unsupported) throw;
+      // A model the CUDA kernels do not cover (e.g. head_dim 64) runs on the CPU.
+    }
+  }
   return make_cpu_backend(model, options);
 }
 

@@ -84,6 +84,33 @@ __global__ void add_rms_norm_kernel(T* residual, const T* x, const T* w, float e
   }
 }
 
+// One warp per head vector (head_dim <= 1024 values, 32 per lane at most).
+template <typename T>
+__global__ void head_rms_norm_kernel(T* x, int64_t token_stride, int heads, int head_dim, const T* w,
+                                     float eps) {
+  const int head = blockIdx.y * (blockDim.x / 32) + threadIdx.x / 32;
+  if (head >= heads) return;
+  const int lane = threadIdx.x % 32;
+  T* v = x + blockIdx.x * token_stride + static_cast<int64_t>(head) * head_dim;
+  float sum_sq = 0.0f;
+  for (int i = lane; i < head_dim; i += 32) {
+    const float f = to_float(v[i]);
+    sum_sq += f * f;
+  }
+  for (int offset = 16; offset > 0; offset >>= 1) sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, offset);
+  const float inv_rms = rsqrtf(sum_sq / static_cast<float>(head_dim) + eps);
+  for (int i = lane; i < head_dim; i += 32) v[i] = from_float<T>(to_float(v[i]) * inv_rms * to_float(w[i]));
+}
+
+template <typename S, typename D>
+__global__ void convert_rows_kernel(const S* src, int64_t src_stride, int64_t rows, int64_t cols, D* dst) {
+  const int64_t n = rows * cols;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    dst[e] = from_float<D>(to_float(src[(e / cols) * src_stride + e % cols]));
+  }
+}
+
 // One CTA per token; a thread per (head, pair). The angle is pos * inv_freq in
 // fp32 as HF transformers computes it; sincosf (not the fast __sincosf) keeps
 // full accuracy for the large angles of long contexts.
@@ -258,14 +285,58 @@ void add_rms_norm(const TensorView& residual, const TensorView& x, const TensorV
   });
 }
 
-void rope(const TensorView& x, const TensorView& positions, const TensorView& inv_freq, RopeStyle style,
-          cudaStream_t stream) {
-  check_device(x, "rope x");
-  check_device(positions, "rope positions");
-  check_device(inv_freq, "rope inv_freq");
+namespace {
+void check_heads_view(const TensorView& x, const char* what) {
+  check_device(x, what);
   LOWBIT_REQUIRE(x.rank == 3 && x.strides[2] == 1 && x.strides[1] == x.shape[2] &&
                      x.strides[0] >= x.shape[1] * x.shape[2],
-                 "rope x must be [tokens, heads, head_dim] with contiguous heads, got ", x.shape_string());
+                 what, " must be [tokens, heads, head_dim] with contiguous heads, got ", x.shape_string());
+}
+}  // namespace
+
+void head_rms_norm(const TensorView& x, const TensorView& w, float eps, cudaStream_t stream) {
+  check_heads_view(x, "head_rms_norm x");
+  check_device(w, "head_rms_norm w");
+  const int64_t tokens = x.shape[0], heads = x.shape[1], head_dim = x.shape[2];
+  LOWBIT_REQUIRE(w.rank == 1 && w.shape[0] == head_dim, "head_rms_norm w must be [head_dim]");
+  check_float_dtype(w, x.dtype, "head_rms_norm w");
+  LOWBIT_REQUIRE(head_dim > 0 && head_dim <= 1024 && heads <= 65535 * 8 && tokens <= INT32_MAX,
+                 "head_rms_norm: head_dim in [1, 1024], fewer heads and tokens");
+  if (tokens == 0) return;
+  constexpr int kWarps = 8;
+  const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>((heads + kWarps - 1) / kWarps));
+  dispatch_float(x.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    head_rms_norm_kernel<T><<<grid, kWarps * 32, 0, stream>>>(
+        x.as<T>(), x.strides[0], static_cast<int>(heads), static_cast<int>(head_dim), w.as<const T>(), eps);
+    LOWBIT_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void convert_rows(const TensorView& src, const TensorView& dst, cudaStream_t stream) {
+  check_device(src, "convert_rows src");
+  check_device(dst, "convert_rows dst");
+  LOWBIT_REQUIRE(src.rank == 2 && src.strides[1] == 1 && src.strides[0] >= src.shape[1],
+                 "convert_rows src must be [rows, cols] with unit column stride, got ", src.shape_string());
+  const int64_t rows = src.shape[0], cols = src.shape[1];
+  check_rows(dst, rows, cols, "convert_rows dst");
+  if (rows == 0 || cols == 0) return;
+  dispatch_float(src.dtype, [&](auto src_tag) {
+    using S = decltype(src_tag);
+    dispatch_float(dst.dtype, [&](auto dst_tag) {
+      using D = decltype(dst_tag);
+      convert_rows_kernel<S, D><<<grid_1d(rows * cols, 256), 256, 0, stream>>>(
+          src.as<const S>(), src.strides[0], rows, cols, dst.as<D>());
+      LOWBIT_CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
+void rope(const TensorView& x, const TensorView& positions, const TensorView& inv_freq, RopeStyle style,
+          cudaStream_t stream) {
+  check_heads_view(x, "rope x");
+  check_device(positions, "rope positions");
+  check_device(inv_freq, "rope inv_freq");
   const int64_t tokens = x.shape[0], heads = x.shape[1], head_dim = x.shape[2];
   LOWBIT_REQUIRE(head_dim > 0 && head_dim % 2 == 0 && head_dim <= 1024,
                  "rope: head_dim must be even, <= 1024");

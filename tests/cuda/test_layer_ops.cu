@@ -196,6 +196,53 @@ TEST(LayerOpsCuda, RopeOnFusedQkvSliceMatchesReference) {
   }
 }
 
+TEST(LayerOpsCuda, HeadRmsNormOnFusedQkvSlice) {
+  LOWBIT_REQUIRE_GPU();
+  // k heads of a fused QKV output (Qwen3's k norm): strided tokens.
+  const int64_t tokens = 5, q_heads = 4, heads = 2, d = 128, stride = (q_heads + 2 * heads) * d;
+  for (DType dtype : kFloatTypes) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const auto qkv = round_to(dtype, random_values(static_cast<size_t>(tokens * stride), 11, 2.0f));
+    const auto w = round_to(dtype, random_values(static_cast<size_t>(d), 12));
+    std::vector<float> want = qkv;
+    for (int64_t t = 0; t < tokens; ++t) {
+      const size_t at = static_cast<size_t>(t * stride + q_heads * d);
+      rms_norm_ref(std::span(qkv).subspan(at, static_cast<size_t>(heads * d)), w, heads, d, 1e-6f,
+                   std::span(want).subspan(at, static_cast<size_t>(heads * d)));
+    }
+    const auto dqkv = upload(dtype, qkv), dw = upload(dtype, w);
+    TensorView k = TensorView::contiguous(
+        static_cast<char*>(dqkv.buffer.data()) + dtype_bytes(dtype, static_cast<size_t>(q_heads * d)), dtype,
+        {tokens, heads, d}, Device::cuda);
+    k.strides[0] = stride;
+    head_rms_norm(k, view(dw, {d}), 1e-6f);
+    const auto got = download(dqkv);
+    EXPECT_TRUE(close_rows(got, round_to(dtype, want), d, rtol_for(dtype)));
+  }
+}
+
+TEST(LayerOpsCuda, ConvertRowsRoundsOnceFromStridedRows) {
+  LOWBIT_REQUIRE_GPU();
+  const int64_t rows = 9, cols = 300, stride = 333;
+  const auto src = random_values(static_cast<size_t>(rows * stride), 13, 5.0f);
+  for (DType from : kFloatTypes) {
+    for (DType to : kFloatTypes) {
+      SCOPED_TRACE(std::string(dtype_name(from)) + " -> " + dtype_name(to));
+      const auto values = round_to(from, src);
+      std::vector<float> want;
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) want.push_back(values[r * stride + c]);
+      want = round_to(to, want);
+      const auto dsrc = upload(from, values);
+      const auto ddst = poisoned(to, rows * cols);
+      TensorView s = TensorView::contiguous(dsrc.buffer.data(), from, {rows, cols}, Device::cuda);
+      s.strides[0] = stride;
+      convert_rows(s, view(ddst, {rows, cols}));
+      EXPECT_EQ(download(ddst), want);  // one rounding of an exact value: bit-exact
+    }
+  }
+}
+
 TEST(LayerOpsCuda, SiluMulOnFusedGateUp) {
   LOWBIT_REQUIRE_GPU();
   const int64_t tokens = 7, width = 1000;

@@ -49,6 +49,7 @@ void add_bench_command(CLI::App& app) {
 
   add_bench_ans_command(*bench);
   add_bench_attention_command(*bench);
+  add_bench_model_command(*bench);
 }
 
 }  // namespace lowbit::cli

@@ -208,7 +208,7 @@ void add_generate_command(CLI::App& app) {
       ->expected(1)
       ->take_all();
   cmd->add_option("--max-tokens", o.max_tokens, "New tokens per prompt")->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
-  cmd->add_option("--device", o.device, "auto, cpu or cuda (the CUDA engine is not available yet)")
+  cmd->add_option("--device", o.device, "auto (the GPU when one is visible and its kernels cover the model), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   cmd->add_option("--weights", o.weights,
                   "auto: as stored; fp16: every linear unquantized; w4: 4-bit RTN (group 128) on load")

@@ -51,10 +51,17 @@ struct CpuBackendOptions {
 // The model must outlive the backend.
 std::unique_ptr<Backend> make_cpu_backend(const Model& model, const CpuBackendOptions& options = {});
 
-// --device: "cpu", "cuda", or "auto" (cuda when this build and machine have a
-// GPU and a CUDA backend exists, else cpu). The CUDA backend does not exist
-// yet: "cuda" throws Error(unsupported) saying so.
-// Throws as make_backend would for `device`, without a model (fail early).
+// The CUDA backend (cuda_engine.h): weights uploaded once (4-bit layers stay
+// 4-bit, others fp16, or all 4-bit with quantize_dense_to_w4), K/V on the
+// device in kv.k / kv.v formats (fp16, tq4, tq3, tq2). Throws
+// Error(unsupported) in a build without CUDA, on a machine without a GPU, and
+// for models the CUDA kernels do not cover (head_dim != 128, attention biases).
+std::unique_ptr<Backend> make_cuda_backend(const Model& model, const KvOptions& kv, bool quantize_dense_to_w4 = false);
+
+// --device: "cpu", "cuda", or "auto" (the CUDA backend when this build and
+// machine have a GPU and its kernels cover the model, else the CPU).
+// check_device throws as make_backend would for `device`, without a model
+// (fail early): an unknown name, or "cuda" without a usable GPU.
 void check_device(const std::string& device);
 std::unique_ptr<Backend> make_backend(const std::string& device, const Model& model,
                                       const CpuBackendOptions& options = {});

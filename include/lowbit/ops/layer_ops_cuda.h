@@ -27,6 +27,15 @@ void rms_norm(const TensorView& x, const TensorView& w, float eps, const TensorV
 void add_rms_norm(const TensorView& residual, const TensorView& x, const TensorView& w, float eps,
                   const TensorView& y, cudaStream_t stream = nullptr);
 
+// In place: every head vector of x [tokens, heads, head_dim] (the layout rope
+// takes, below) normalized by RMSNorm with weight w [head_dim]: Qwen3's
+// per-head q/k norm, applied to slices of a fused QKV output.
+void head_rms_norm(const TensorView& x, const TensorView& w, float eps, cudaStream_t stream = nullptr);
+
+// dst = src converted to dst's dtype (f32, f16, bf16). src: rank 2 [rows, cols]
+// with unit column stride and any row stride; dst: contiguous [rows, cols].
+void convert_rows(const TensorView& src, const TensorView& dst, cudaStream_t stream = nullptr);
+
 // In place on x: rank 3 [tokens, heads, head_dim], heads contiguous
 // (strides[1] == head_dim, strides[2] == 1); strides[0] may exceed
 // heads * head_dim (a slice of a fused QKV output). positions: [tokens] i32;

@@ -1,0 +1,177 @@
+// The decoder forward pass on a CUDA device: the same arithmetic as the CPU
+// backend (model_config.h has it in one place), with activations in fp16 kept
+// on the device between kernels:
+//
+//   linear layers   W4A16 GEMM (w4a16_gemm.h) or cuBLAS fp16 (dense weights);
+//                   q/k/v and gate/up are fused into one matrix each, so a step
+//                   launches 4 GEMMs per layer and reads each weight once
+//   norms, RoPE,    ops/layer_ops_cuda.h (the residual add is fused into the
+//   SwiGLU          next RMSNorm)
+//   KV cache        kv/device_cache.h: paged TurboQuant or fp16 K/V, decode
+//                   attention with split-KV, causal prefill attention
+//
+// A DeviceModel is built from a loaded Model (upload) or with random weights
+// made on the device (for `lowbit bench model`: a full-size model would take
+// minutes to make and pack on the host). CudaEngine owns the KV cache, the
+// page allocator and the activation buffers, and runs steps.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "lowbit/core/tensor.h"
+#include "lowbit/cuda/cublas_gemm.h"
+#include "lowbit/engine/backend.h"
+#include "lowbit/engine/model_config.h"
+#include "lowbit/engine/weights.h"
+#include "lowbit/kv/device_cache.h"
+#include "lowbit/w4a16/w4a16_gemm.h"
+
+namespace lowbit::engine {
+
+// y[M, N] = x[M, K] W^T on the device: 4-bit (prepared for fp16 activations)
+// or dense fp16 [N][K].
+struct DeviceLinear {
+  int64_t N = 0, K = 0;
+  std::optional<W4A16Weights> w4;
+  Buffer dense;  // f16 [N][K] when not w4
+  size_t bytes() const;
+};
+
+struct DeviceLayer {
+  Buffer attn_norm, ffn_norm;  // f16 [hidden]
+  Buffer q_norm, k_norm;       // f16 [head_dim], Qwen3
+  DeviceLinear qkv;            // [q_dim + 2 kv_dim][hidden]
+  DeviceLinear o;              // [hidden][q_dim]
+  DeviceLinear gate_up;        // [2 ffn][hidden]: gate rows, then up rows
+  DeviceLinear down;           // [hidden][ffn]
+};
+
+struct DeviceModel {
+  ModelConfig config;
+  Buffer embed;  // f16 [vocab][hidden]
+  std::vector<DeviceLayer> layers;
+  Buffer final_norm;  // f16 [hidden]
+  // The output matrix; when tied it is a dense copy of the table only if the
+  // head is 4-bit, else it reads `embed` (lm_head.dense stays empty).
+  DeviceLinear lm_head;
+  bool lm_head_reads_embed = false;
+  Buffer inv_freq;  // f32 [head_dim / 2]
+
+  // Bytes of every weight on the device, and the bytes one decode step reads
+  // (every linear layer and the output matrix; one embedding row ignored).
+  size_t weight_bytes() const;
+  size_t bytes_per_token() const;
+  std::string describe() const;  // "w4 g128, 8.1 GB"
+
+  // Uploads a loaded model. Linear layers stored w4 (RTN on load, GPTQ/AWQ,
+  // GGUF Q4_x) stay 4-bit; dense and q8 ones become fp16 (or are quantized to
+  // w4 with group 128 when `quantize_dense_to_w4`). Throws Error(unsupported)
+  // for what the CUDA path lacks (attention biases, head_dim != 128).
+  static DeviceModel upload(const Model& model, bool quantize_dense_to_w4 = false);
+  // Random weights generated on the device: fp16 dense (values of magnitude
+  // <= 0.02) or w4 with group 128 (W4A16Weights::random). Norm weights 1.
+  static DeviceModel random(const ModelConfig& config, bool w4, uint64_t seed);
+};
+
+struct CudaEngineOptions {
+  kv::KvFormat k_format = kv::KvFormat::tq4;
+  kv::KvFormat v_format = kv::KvFormat::tq4;
+  int page_size = 64;
+  int64_t max_tokens = 4096;  // per sequence
+  int max_sequences = 1;
+  uint64_t rotation_seed = kv::kDefaultRotationSeedBase;
+};
+
+// One row of a step: `n` new tokens of sequence `seq` at positions
+// first_pos .. first_pos + n - 1.
+struct StepRow {
+  int seq = 0;
+  int64_t first_pos = 0;
+  int64_t n = 1;
+};
+
+class CudaEngine {
+ public:
+  // The model must outlive the engine. Allocates the KV pool for
+  // max_sequences * max_tokens tokens.
+  CudaEngine(const DeviceModel& model, const CudaEngineOptions& options);
+  ~CudaEngine();
+  CudaEngine(const CudaEngine&) = delete;
+  CudaEngine& operator=(const CudaEngine&) = delete;
+
+  const DeviceModel& model() const { return model_; }
+  const kv::DeviceKvCache& cache() const { return *cache_; }
+  cudaStream_t stream() const { return stream_; }
+  int64_t kv_bytes_per_token() const;  // all layers, K and V
+
+  // Sequences and their pages.
+  int add_sequence();
+  void release_sequence(int seq);
+  int64_t length(int seq) const;
+  // Makes room for n more tokens; returns the first new position.
+  int64_t extend(int seq, int64_t n);
+
+  // Runs the model over `rows` (their tokens stacked: tokens_host has
+  // sum(n) ids) on the engine's stream, and leaves the final hidden states
+  // of the rows' last tokens (or of every token, when all_tokens) projected
+  // to logits in logits(): f16 [rows or tokens][vocab]. The rows' positions
+  // must already be extended. Asynchronous; logits() is valid after a
+  // stream synchronization.
+  void step(std::span<const StepRow> rows, std::span<const int32_t> tokens_host, bool all_tokens);
+  // step() in two halves: prepare() does the host work (positions, block
+  // tables, buffers) and launch() only enqueues kernels, with the ids already
+  // on the device (d_tokens: i32 [sum n]). A prepared step can be launched
+  // again (a benchmark repeats it; each launch rewrites the same cache slots)
+  // or captured into a CUDA graph.
+  void prepare(std::span<const StepRow> rows, bool all_tokens);
+  void launch(const int32_t* d_tokens);
+  void step_device_tokens(std::span<const StepRow> rows, const int32_t* d_tokens, bool all_tokens);
+  TensorView logits() const;
+  // Fills positions [0, length) of every live sequence, in every layer, with
+  // K/V quantized from random vectors: a cache at a given context for
+  // benchmarks, without running a prefill of that length.
+  void fill_random_kv(uint64_t seed);
+  // Greedy next tokens of the last step's logit rows, into a device i32 buffer.
+  const int32_t* argmax_logits();
+
+ private:
+  void ensure_capacity(int64_t tokens, int64_t logit_rows);
+  void linear(const DeviceLinear& w, const void* x, int64_t M, void* y);
+  void attention_layer(int layer, std::span<const StepRow> rows, const kv::DeviceBlockTables& tables,
+                       int64_t M);
+
+  const DeviceModel& model_;
+  CudaEngineOptions options_;
+  std::unique_ptr<kv::DeviceKvCache> cache_;
+  cudaStream_t stream_ = nullptr;
+  cuda::CublasHandle cublas_;
+  W4A16Workspace w4_workspace_;
+  kv::AttentionWorkspace attention_workspace_;
+  // Pages: a free list and each live sequence's table and length.
+  std::vector<int32_t> free_pages_;
+  std::vector<std::vector<int32_t>> seq_pages_;
+  std::vector<int64_t> seq_length_;
+  std::vector<bool> seq_live_;
+  // Activations, sized for the largest step so far.
+  int64_t capacity_tokens_ = 0, capacity_logit_rows_ = 0;
+  Buffer tokens_, positions_, residual_, normed_, qkv_, attn_, tmp_, gate_up_, act_, gather_rows_, gathered_,
+      logits_, q32_, k32_, v32_, out32_, next_tokens_;
+  // The prepared step.
+  std::vector<StepRow> rows_;
+  kv::DeviceBlockTables tables_;
+  int64_t tokens_in_step_ = 0;
+  int64_t logit_rows_ = 0;
+  bool all_tokens_ = false;
+};
+
+// make_cuda_backend (backend.h) is a Backend over CudaEngine: logits come back
+// to the host as fp32.
+
+}  // namespace lowbit::engine

@@ -1,0 +1,38 @@
+// `lowbit bench model`: decode and prefill speed of a full-size decoder on
+// the GPU with random weights made on the device (no checkpoint needed):
+// fp16 vs w4 weights, fp16 vs tq4 KV, over batch sizes and context lengths,
+// beside the bytes floor (weights + KV bytes one step must read, at the
+// measured copy bandwidth).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "lowbit/engine/model_config.h"
+
+namespace lowbit::engine {
+
+// "qwen3-14b", "llama3-8b", or a path to a config.json.
+ModelConfig bench_model_config(const std::string& name_or_path);
+
+struct ModelBenchOptions {
+  std::string config = "qwen3-14b";
+  std::vector<std::string> weights = {"fp16", "w4"};
+  std::vector<std::string> kv = {"fp16", "tq4"};
+  std::vector<int> batches = {1, 16};
+  std::vector<int64_t> contexts = {1024, 32768};
+  // Prefill is timed for contexts up to this length (the prefill attention
+  // kernel re-reads K/V per query token: long prefills take minutes).
+  int64_t max_prefill_context = 4096;
+  int reps = 20;
+  bool graphs = true;  // also time the decode step replayed as a CUDA graph
+  std::string json_path;
+};
+
+// Prints one line per measurement and a summary headed "==== model" with the
+// issue's targets beside the results. Throws Error(unsupported) in a build
+// without CUDA or on a machine without a GPU.
+void run_model_benchmark(const ModelBenchOptions& options);
+
+}  // namespace lowbit::engine

@@ -1,0 +1,669 @@
+// The CUDA forward pass (cuda_engine.h): weights to the device, one step of
+// the decoder over stacked rows, and the Backend that `lowbit generate` uses.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <sstream>
+#include <string>
+
+#include "lowbit/core/error.h"
+#include "lowbit/core/half.h"
+#include "lowbit/cuda/check.h"
+#include "lowbit/cuda/device.h"
+#include "lowbit/cuda/random.h"
+#include "lowbit/engine/cuda_engine.h"
+#include "lowbit/ops/layer_ops_cuda.h"
+
+namespace lowbit::engine {
+
+namespace {
+
+Buffer upload_f16(std::span<const float> values) {
+  std::vector<f16> h(values.size());
+  for (size_t i = 0; i < values.size(); ++i) h[i] = float_to_f16(values[i]);
+  Buffer b(std::max<size_t>(h.size() * 2, 2), Device::cuda);
+  Buffer::copy(b.data(), Device::cuda, h.data(), Device::cpu, h.size() * 2);
+  return b;
+}
+
+Buffer ones_f16(int64_t n) { return upload_f16(std::vector<float>(static_cast<size_t>(n), 1.0f)); }
+
+// Rows of several matrices with the same column count stacked into one
+// (q, k, v -> qkv; gate, up -> gate_up). 4-bit groups run along a row, so
+// stacking rows keeps every group intact; mixed formats become f32.
+WeightMatrix stack_rows(std::initializer_list<const WeightMatrix*> parts) {
+  const WeightMatrix& first = **parts.begin();
+  bool all_w4 = true;
+  int64_t rows = 0;
+  for (const WeightMatrix* m : parts) {
+    if (m->cols != first.cols) fail(ErrorKind::internal, "stack_rows: column counts differ");
+    all_w4 = all_w4 && m->format == MatrixFormat::w4 && m->group_size == first.group_size;
+    rows += m->rows;
+  }
+  WeightMatrix out;
+  out.rows = rows;
+  out.cols = first.cols;
+  if (all_w4) {
+    out.format = MatrixFormat::w4;
+    out.group_size = first.group_size;
+    for (const WeightMatrix* m : parts) {
+      out.codes.insert(out.codes.end(), m->codes.begin(), m->codes.end());
+      out.scales.insert(out.scales.end(), m->scales.begin(), m->scales.end());
+      out.mins.insert(out.mins.end(), m->mins.begin(), m->mins.end());
+    }
+  } else {
+    out.format = MatrixFormat::f32;
+    out.f32.resize(static_cast<size_t>(rows * first.cols));
+    int64_t r0 = 0;
+    for (const WeightMatrix* m : parts) {
+      for (int64_t r = 0; r < m->rows; ++r)
+        m->dequant_row(r, &out.f32[static_cast<size_t>((r0 + r) * first.cols)]);
+      r0 += m->rows;
+    }
+  }
+  out.check();
+  return out;
+}
+
+DeviceLinear upload_linear(const WeightMatrix& m, bool quantize_dense_to_w4) {
+  DeviceLinear d;
+  d.N = m.rows;
+  d.K = m.cols;
+  if (m.format == MatrixFormat::w4) {
+    d.w4 = W4A16Weights::prepare(m.to_quantized(), DType::f16);
+    return d;
+  }
+  std::vector<float> dense(static_cast<size_t>(m.rows * m.cols));
+  for (int64_t r = 0; r < m.rows; ++r) m.dequant_row(r, &dense[static_cast<size_t>(r * m.cols)]);
+  if (quantize_dense_to_w4) {
+    const TensorView view = TensorView::contiguous(dense.data(), DType::f32, {m.rows, m.cols});
+    d.w4 = W4A16Weights::prepare(WeightMatrix::quantize_w4(view, 128).to_quantized(), DType::f16);
+    return d;
+  }
+  d.dense = upload_f16(dense);
+  return d;
+}
+
+DeviceLinear random_linear(int64_t N, int64_t K, bool w4, uint64_t seed) {
+  DeviceLinear d;
+  d.N = N;
+  d.K = K;
+  if (w4) {
+    d.w4 = W4A16Weights::random(K, N, 128, DType::f16, seed);
+  } else {
+    d.dense = Buffer(static_cast<size_t>(N * K) * 2, Device::cuda);
+    cuda::fill_random_f16(d.dense.data(), static_cast<size_t>(N * K), seed, 0.02f);
+  }
+  return d;
+}
+
+// What the CUDA kernels cover; the rest runs on the CPU backend.
+void check_cuda_support(const ModelConfig& c) {
+  if (c.head_dim != kv::kDeviceHeadDim)
+    fail(ErrorKind::unsupported, "the CUDA engine needs head_dim ", kv::kDeviceHeadDim,
+         " (its attention kernels are built for it); this model has ", c.head_dim);
+  if (c.num_heads / c.num_kv_heads > kv::kDeviceMaxGroup)
+    fail(ErrorKind::unsupported, "the CUDA attention takes at most ", kv::kDeviceMaxGroup,
+         " query heads per KV head; this model has ", c.num_heads / c.num_kv_heads);
+  if (c.attention_bias) fail(ErrorKind::unsupported, "the CUDA engine does not support attention biases yet");
+  if (!c.rope_freq_factors.empty())
+    fail(ErrorKind::unsupported, "the CUDA engine does not support rope_freqs factors yet");
+}
+
+TensorView dev(void* p, DType t, std::initializer_list<int64_t> shape) {
+  return TensorView::contiguous(p, t, shape, Device::cuda);
+}
+
+// A [tokens, heads, head_dim] view of one part of the fused QKV rows.
+TensorView heads_view(const Buffer& qkv, int64_t qkv_dim, int64_t offset, int64_t tokens, int64_t heads,
+                      int64_t head_dim) {
+  TensorView v = dev(static_cast<char*>(qkv.data()) + offset * 2, DType::f16, {tokens, heads, head_dim});
+  v.strides[0] = qkv_dim;
+  return v;
+}
+
+TensorView rows_view(const Buffer& b, int64_t offset, int64_t rows, int64_t cols, int64_t stride) {
+  TensorView v = dev(static_cast<char*>(b.data()) + offset * 2, DType::f16, {rows, cols});
+  v.strides[0] = stride;
+  return v;
+}
+
+kv::KvFormat to_kv_format(KvStorage s) {
+  switch (s) {
+    case KvStorage::fp16:
+      return kv::KvFormat::fp16;
+    case KvStorage::tq4:
+      return kv::KvFormat::tq4;
+    case KvStorage::tq3:
+      return kv::KvFormat::tq3;
+    case KvStorage::tq2:
+      return kv::KvFormat::tq2;
+    case KvStorage::fp32:
+      break;
+  }
+  fail(ErrorKind::unsupported, "the CUDA KV cache stores fp16, tq4, tq3 or tq2, not fp32");
+}
+
+}  // namespace
+
+size_t DeviceLinear::bytes() const { return w4 ? w4->weight_bytes() : dense.size(); }
+
+size_t DeviceModel::weight_bytes() const {
+  size_t total = embed.size() + final_norm.size() + inv_freq.size() + lm_head.bytes();
+  for (const DeviceLayer& L : layers) {
+    total += L.attn_norm.size() + L.ffn_norm.size() + L.q_norm.size() + L.k_norm.size();
+    total += L.qkv.bytes() + L.o.bytes() + L.gate_up.bytes() + L.down.bytes();
+  }
+  return total;
+}
+
+size_t DeviceModel::bytes_per_token() const {
+  size_t total = final_norm.size() + (lm_head_reads_embed ? embed.size() : lm_head.bytes());
+  for (const DeviceLayer& L : layers) {
+    total += L.attn_norm.size() + L.ffn_norm.size() + L.q_norm.size() + L.k_norm.size();
+    total += L.qkv.bytes() + L.o.bytes() + L.gate_up.bytes() + L.down.bytes();
+  }
+  return total;
+}
+
+std::string DeviceModel::describe() const {
+  std::ostringstream s;
+  const bool w4 = !layers.empty() && layers[0].qkv.w4.has_value();
+  s << (w4 ? "w4 g128" : "fp16") << " linears, " << static_cast<double>(weight_bytes()) / 1e9
+    << " GB on the device";
+  return s.str();
+}
+
+DeviceModel DeviceModel::upload(const Model& model, bool quantize_dense_to_w4) {
+  const ModelConfig& c = model.config;
+  check_cuda_support(c);
+  DeviceModel d;
+  d.config = c;
+  const ModelWeights& w = model.weights;
+  std::vector<float> table(static_cast<size_t>(w.embed.rows * w.embed.cols));
+  for (int64_t r = 0; r < w.embed.rows; ++r)
+    w.embed.dequant_row(r, &table[static_cast<size_t>(r * w.embed.cols)]);
+  d.embed = upload_f16(table);
+  for (const LayerWeights& L : w.layers) {
+    DeviceLayer dl;
+    dl.attn_norm = upload_f16(L.attn_norm);
+    dl.ffn_norm = upload_f16(L.ffn_norm);
+    if (c.qk_norm) {
+      dl.q_norm = upload_f16(L.q_norm);
+      dl.k_norm = upload_f16(L.k_norm);
+    }
+    dl.qkv = upload_linear(stack_rows({&L.wq, &L.wk, &L.wv}), quantize_dense_to_w4);
+    dl.o = upload_linear(L.wo, quantize_dense_to_w4);
+    dl.gate_up = upload_linear(stack_rows({&L.w_gate, &L.w_up}), quantize_dense_to_w4);
+    dl.down = upload_linear(L.w_down, quantize_dense_to_w4);
+    d.layers.push_back(std::move(dl));
+  }
+  d.final_norm = upload_f16(w.final_norm);
+  const WeightMatrix& out = w.output();
+  if (!w.lm_head && out.format != MatrixFormat::w4 && !quantize_dense_to_w4) {
+    d.lm_head_reads_embed = true;  // tied and dense: the table already on the device
+    d.lm_head.N = out.rows;
+    d.lm_head.K = out.cols;
+  } else {
+    d.lm_head = upload_linear(out, quantize_dense_to_w4);
+  }
+  const std::vector<float> inv_freq = rope_inv_freq(c);
+  d.inv_freq = Buffer(inv_freq.size() * 4, Device::cuda);
+  Buffer::copy(d.inv_freq.data(), Device::cuda, inv_freq.data(), Device::cpu, inv_freq.size() * 4);
+  return d;
+}
+
+DeviceModel DeviceModel::random(const ModelConfig& c, bool w4, uint64_t seed) {
+  c.validate();
+  check_cuda_support(c);
+  DeviceModel d;
+  d.config = c;
+  d.embed = Buffer(static_cast<size_t>(c.vocab * c.hidden) * 2, Device::cuda);
+  cuda::fill_random_f16(d.embed.data(), static_cast<size_t>(c.vocab * c.hidden), seed, 1.0f);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const uint64_t s = seed + 16 * static_cast<uint64_t>(l + 1);
+    DeviceLayer dl;
+    dl.attn_norm = ones_f16(c.hidden);
+    dl.ffn_norm = ones_f16(c.hidden);
+    if (c.qk_norm) {
+      dl.q_norm = ones_f16(c.head_dim);
+      dl.k_norm = ones_f16(c.head_dim);
+    }
+    dl.qkv = random_linear(c.q_dim() + 2 * c.kv_dim(), c.hidden, w4, s + 1);
+    dl.o = random_linear(c.hidden, c.q_dim(), w4, s + 2);
+    dl.gate_up = random_linear(2 * c.intermediate, c.hidden, w4, s + 3);
+    dl.down = random_linear(c.hidden, c.intermediate, w4, s + 4);
+    d.layers.push_back(std::move(dl));
+  }
+  d.final_norm = ones_f16(c.hidden);
+  if (c.tied_embeddings && !w4) {
+    d.lm_head_reads_embed = true;
+    d.lm_head.N = c.vocab;
+    d.lm_head.K = c.hidden;
+  } else {
+    d.lm_head = random_linear(c.vocab, c.hidden, w4, seed + 7);
+  }
+  const std::vector<float> inv_freq = rope_inv_freq(c);
+  d.inv_freq = Buffer(inv_freq.size() * 4, Device::cuda);
+  Buffer::copy(d.inv_freq.data(), Device::cuda, inv_freq.data(), Device::cpu, inv_freq.size() * 4);
+  LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+  return d;
+}
+
+// ---- CudaEngine -------------------------------------------------------------------
+
+CudaEngine::CudaEngine(const DeviceModel& model, const CudaEngineOptions& options)
+    : model_(model), options_(options) {
+  const ModelConfig& c = model.config;
+  LOWBIT_REQUIRE(options.max_sequences >= 1 && options.max_tokens >= 1,
+                 "max_sequences and max_tokens must be >= 1");
+  kv::KvCacheConfig kc;
+  kc.num_layers = static_cast<int>(c.num_layers);
+  kc.num_kv_heads = static_cast<int>(c.num_kv_heads);
+  kc.head_dim = static_cast<int>(c.head_dim);
+  kc.page_size = options.page_size;
+  const int64_t pages_per_seq = (options.max_tokens + options.page_size - 1) / options.page_size;
+  kc.num_pages = pages_per_seq * options.max_sequences;
+  kc.k_format = options.k_format;
+  kc.v_format = options.v_format;
+  kc.rotation_seed_base = options.rotation_seed;
+  LOWBIT_REQUIRE(c.num_heads / c.num_kv_heads <= kv::kDeviceMaxGroup, "the CUDA attention takes at most ",
+                 kv::kDeviceMaxGroup, " query heads per KV head; this model has ",
+                 c.num_heads / c.num_kv_heads);
+  cache_ = std::make_unique<kv::DeviceKvCache>(kc);
+  for (int64_t p = kc.num_pages - 1; p >= 0; --p) free_pages_.push_back(static_cast<int32_t>(p));
+  LOWBIT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+}
+
+CudaEngine::~CudaEngine() {
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+}
+
+int64_t CudaEngine::kv_bytes_per_token() const {
+  const kv::KvCacheConfig& kc = cache_->config();
+  return cache_->layout().bytes / kc.page_size * kc.num_kv_heads * kc.num_layers;
+}
+
+int CudaEngine::add_sequence() {
+  for (size_t s = 0; s < seq_live_.size(); ++s) {
+    if (!seq_live_[s]) {
+      seq_live_[s] = true;
+      seq_length_[s] = 0;
+      return static_cast<int>(s);
+    }
+  }
+  LOWBIT_REQUIRE(static_cast<int>(seq_live_.size()) < options_.max_sequences, "the CUDA engine was made for ",
+                 options_.max_sequences, " sequences at once");
+  seq_live_.push_back(true);
+  seq_length_.push_back(0);
+  seq_pages_.emplace_back();
+  return static_cast<int>(seq_live_.size() - 1);
+}
+
+void CudaEngine::release_sequence(int seq) {
+  LOWBIT_REQUIRE(seq >= 0 && seq < static_cast<int>(seq_live_.size()) && seq_live_[seq], "unknown sequence ",
+                 seq);
+  for (int32_t p : seq_pages_[seq]) free_pages_.push_back(p);
+  seq_pages_[seq].clear();
+  seq_length_[seq] = 0;
+  seq_live_[seq] = false;
+}
+
+int64_t CudaEngine::length(int seq) const {
+  LOWBIT_REQUIRE(seq >= 0 && seq < static_cast<int>(seq_live_.size()) && seq_live_[seq], "unknown sequence ",
+                 seq);
+  return seq_length_[seq];
+}
+
+int64_t CudaEngine::extend(int seq, int64_t n) {
+  const int64_t first = length(seq);
+  LOWBIT_REQUIRE(n >= 0 && first + n <= options_.max_tokens, "sequence ", seq, " would hold ", first + n,
+                 " tokens; the CUDA engine was made for ", options_.max_tokens);
+  const int64_t pages = (first + n + options_.page_size - 1) / options_.page_size;
+  while (static_cast<int64_t>(seq_pages_[seq].size()) < pages) {
+    LOWBIT_REQUIRE(!free_pages_.empty(), "the KV cache is full");
+    seq_pages_[seq].push_back(free_pages_.back());
+    free_pages_.pop_back();
+  }
+  seq_length_[seq] = first + n;
+  return first;
+}
+
+void CudaEngine::ensure_capacity(int64_t tokens, int64_t logit_rows) {
+  const ModelConfig& c = model_.config;
+  if (tokens > capacity_tokens_) {
+    const auto f16_rows = [&](int64_t width) {
+      return Buffer(static_cast<size_t>(tokens * width) * 2, Device::cuda);
+    };
+    const auto f32_rows = [&](int64_t width) {
+      return Buffer(static_cast<size_t>(tokens * width) * 4, Device::cuda);
+    };
+    tokens_ = Buffer(static_cast<size_t>(tokens) * 4, Device::cuda);
+    positions_ = Buffer(static_cast<size_t>(tokens) * 4, Device::cuda);
+    residual_ = f16_rows(c.hidden);
+    normed_ = f16_rows(c.hidden);
+    qkv_ = f16_rows(c.q_dim() + 2 * c.kv_dim());
+    attn_ = f16_rows(c.q_dim());
+    tmp_ = f16_rows(c.hidden);
+    gate_up_ = f16_rows(2 * c.intermediate);
+    act_ = f16_rows(c.intermediate);
+    q32_ = f32_rows(c.q_dim());
+    k32_ = f32_rows(c.kv_dim());
+    v32_ = f32_rows(c.kv_dim());
+    out32_ = f32_rows(c.q_dim());
+    capacity_tokens_ = tokens;
+  }
+  if (logit_rows > capacity_logit_rows_) {
+    gather_rows_ = Buffer(static_cast<size_t>(logit_rows) * 4, Device::cuda);
+    gathered_ = Buffer(static_cast<size_t>(logit_rows * c.hidden) * 2, Device::cuda);
+    logits_ = Buffer(static_cast<size_t>(logit_rows * c.vocab) * 2, Device::cuda);
+    next_tokens_ = Buffer(static_cast<size_t>(logit_rows) * 4, Device::cuda);
+    capacity_logit_rows_ = logit_rows;
+  }
+}
+
+void CudaEngine::linear(const DeviceLinear& w, const void* x, int64_t M, void* y) {
+  if (w.w4) {
+    w4a16_gemm(dev(const_cast<void*>(x), DType::f16, {M, w.K}), *w.w4, dev(y, DType::f16, {M, w.N}),
+               w4_workspace_, {}, stream_);
+  } else {
+    const void* weights = w.dense.data() != nullptr ? w.dense.data() : model_.embed.data();
+    cuda::gemm_f16_cublas(cublas_.get(), x, weights, y, M, w.N, w.K, stream_, cuda::WeightLayout::nk);
+  }
+}
+
+void CudaEngine::attention_layer(int layer, std::span<const StepRow> rows,
+                                 const kv::DeviceBlockTables& tables, int64_t M) {
+  const ModelConfig& c = model_.config;
+  const int hq = static_cast<int>(c.num_heads);
+  const bool decode = static_cast<int64_t>(rows.size()) == M;  // one token per row
+  if (decode) {
+    kv::device_append_tokens(*cache_, layer, tables, k32_.as<float>(), v32_.as<float>(), stream_);
+    kv::device_decode_attention(*cache_, layer, tables, hq, q32_.as<float>(), out32_.as<float>(),
+                                attention_workspace_, {}, stream_);
+    return;
+  }
+  int64_t offset = 0;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const StepRow& row = rows[r];
+    kv::device_write_tokens(*cache_, layer, tables, static_cast<int>(r), row.first_pos, row.n,
+                            k32_.as<float>() + offset * c.kv_dim(), v32_.as<float>() + offset * c.kv_dim(),
+                            stream_);
+    kv::device_prefill_attention(*cache_, layer, tables, static_cast<int>(r), row.first_pos, row.n, hq,
+                                 q32_.as<float>() + offset * c.q_dim(),
+                                 out32_.as<float>() + offset * c.q_dim(), attention_workspace_, {}, stream_);
+    offset += row.n;
+  }
+}
+
+void CudaEngine::step(std::span<const StepRow> rows, std::span<const int32_t> tokens_host, bool all_tokens) {
+  int64_t M = 0;
+  for (const StepRow& r : rows) M += r.n;
+  LOWBIT_REQUIRE(static_cast<int64_t>(tokens_host.size()) == M, "step: ", tokens_host.size(),
+                 " token ids for ", M, " positions");
+  for (int32_t t : tokens_host)
+    LOWBIT_REQUIRE(t >= 0 && t < model_.config.vocab, "token id ", t, " outside the vocabulary of ",
+                   model_.config.vocab);
+  prepare(rows, all_tokens);
+  LOWBIT_CUDA_CHECK(cudaMemcpyAsync(tokens_.data(), tokens_host.data(), static_cast<size_t>(M) * 4,
+                                    cudaMemcpyHostToDevice, stream_));
+  launch(tokens_.as<const int32_t>());
+}
+
+void CudaEngine::prepare(std::span<const StepRow> rows, bool all_tokens) {
+  LOWBIT_REQUIRE(!rows.empty(), "step: no rows");
+  int64_t M = 0;
+  std::vector<int32_t> positions;
+  std::vector<std::vector<int32_t>> tables;
+  std::vector<int64_t> lengths;
+  std::vector<int32_t> last_rows;
+  for (const StepRow& r : rows) {
+    LOWBIT_REQUIRE(r.n >= 1 && r.first_pos >= 0 && r.first_pos + r.n <= length(r.seq),
+                   "step: row of sequence ", r.seq, " at ", r.first_pos, " + ", r.n, " is beyond its length ",
+                   length(r.seq), " (extend first)");
+    for (int64_t i = 0; i < r.n; ++i) positions.push_back(static_cast<int32_t>(r.first_pos + i));
+    tables.push_back(seq_pages_[r.seq]);
+    lengths.push_back(r.first_pos + r.n);
+    M += r.n;
+    last_rows.push_back(static_cast<int32_t>(M - 1));
+  }
+  const int64_t logit_rows = all_tokens ? M : static_cast<int64_t>(rows.size());
+  ensure_capacity(M, logit_rows);
+  // Pageable host sources: these copies are staged before they return. The
+  // previous step's tables are freed by the assignment below (cudaFree waits
+  // for the kernels that read them).
+  tables_ = kv::DeviceBlockTables::from_host(tables, lengths, options_.page_size);
+  LOWBIT_CUDA_CHECK(cudaMemcpyAsync(positions_.data(), positions.data(), positions.size() * 4,
+                                    cudaMemcpyHostToDevice, stream_));
+  if (!all_tokens) {
+    LOWBIT_CUDA_CHECK(cudaMemcpyAsync(gather_rows_.data(), last_rows.data(), last_rows.size() * 4,
+                                      cudaMemcpyHostToDevice, stream_));
+  }
+  rows_.assign(rows.begin(), rows.end());
+  tokens_in_step_ = M;
+  logit_rows_ = logit_rows;
+  all_tokens_ = all_tokens;
+}
+
+void CudaEngine::step_device_tokens(std::span<const StepRow> rows, const int32_t* d_tokens, bool all_tokens) {
+  prepare(rows, all_tokens);
+  launch(d_tokens);
+}
+
+void CudaEngine::launch(const int32_t* d_tokens) {
+  const ModelConfig& c = model_.config;
+  LOWBIT_REQUIRE(!rows_.empty(), "launch: no step prepared");
+  const int64_t M = tokens_in_step_;
+  const int64_t qkv_dim = c.q_dim() + 2 * c.kv_dim();
+  const float eps = static_cast<float>(c.rms_eps);
+  const ops::RopeStyle rope_style =
+      c.rope_style == RopeStyle::half ? ops::RopeStyle::half : ops::RopeStyle::interleaved;
+  const TensorView positions_view = dev(positions_.data(), DType::i32, {M});
+  const TensorView inv_freq_view = dev(model_.inv_freq.data(), DType::f32, {c.head_dim / 2});
+  const TensorView residual = dev(residual_.data(), DType::f16, {M, c.hidden});
+  const TensorView normed = dev(normed_.data(), DType::f16, {M, c.hidden});
+  const TensorView tmp = dev(tmp_.data(), DType::f16, {M, c.hidden});
+
+  ops::embedding(dev(model_.embed.data(), DType::f16, {c.vocab, c.hidden}),
+                 dev(const_cast<int32_t*>(d_tokens), DType::i32, {M}), residual, stream_);
+  ops::rms_norm(residual, dev(model_.layers[0].attn_norm.data(), DType::f16, {c.hidden}), eps, normed,
+                stream_);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const DeviceLayer& L = model_.layers[static_cast<size_t>(l)];
+    linear(L.qkv, normed_.data(), M, qkv_.data());
+    const TensorView q = heads_view(qkv_, qkv_dim, 0, M, c.num_heads, c.head_dim);
+    const TensorView k = heads_view(qkv_, qkv_dim, c.q_dim(), M, c.num_kv_heads, c.head_dim);
+    if (c.qk_norm) {
+      ops::head_rms_norm(q, dev(L.q_norm.data(), DType::f16, {c.head_dim}), eps, stream_);
+      ops::head_rms_norm(k, dev(L.k_norm.data(), DType::f16, {c.head_dim}), eps, stream_);
+    }
+    ops::rope(q, positions_view, inv_freq_view, rope_style, stream_);
+    ops::rope(k, positions_view, inv_freq_view, rope_style, stream_);
+    // The KV kernels take fp32 q/k/v (they quantize and rotate in fp32).
+    ops::convert_rows(rows_view(qkv_, 0, M, c.q_dim(), qkv_dim), dev(q32_.data(), DType::f32, {M, c.q_dim()}),
+                      stream_);
+    ops::convert_rows(rows_view(qkv_, c.q_dim(), M, c.kv_dim(), qkv_dim),
+                      dev(k32_.data(), DType::f32, {M, c.kv_dim()}), stream_);
+    ops::convert_rows(rows_view(qkv_, c.q_dim() + c.kv_dim(), M, c.kv_dim(), qkv_dim),
+                      dev(v32_.data(), DType::f32, {M, c.kv_dim()}), stream_);
+    attention_layer(static_cast<int>(l), rows_, tables_, M);
+    ops::convert_rows(dev(out32_.data(), DType::f32, {M, c.q_dim()}),
+                      dev(attn_.data(), DType::f16, {M, c.q_dim()}), stream_);
+    linear(L.o, attn_.data(), M, tmp_.data());
+    ops::add_rms_norm(residual, tmp, dev(L.ffn_norm.data(), DType::f16, {c.hidden}), eps, normed, stream_);
+    linear(L.gate_up, normed_.data(), M, gate_up_.data());
+    ops::silu_mul(rows_view(gate_up_, 0, M, c.intermediate, 2 * c.intermediate),
+                  rows_view(gate_up_, c.intermediate, M, c.intermediate, 2 * c.intermediate),
+                  dev(act_.data(), DType::f16, {M, c.intermediate}), stream_);
+    linear(L.down, act_.data(), M, tmp_.data());
+    const Buffer& next_norm =
+        l + 1 < c.num_layers ? model_.layers[static_cast<size_t>(l + 1)].attn_norm : model_.final_norm;
+    ops::add_rms_norm(residual, tmp, dev(next_norm.data(), DType::f16, {c.hidden}), eps, normed, stream_);
+  }
+  const void* head_input = normed_.data();
+  if (!all_tokens_) {
+    // The last token of each row: a gather through the embedding kernel.
+    ops::embedding(normed, dev(gather_rows_.data(), DType::i32, {logit_rows_}),
+                   dev(gathered_.data(), DType::f16, {logit_rows_, c.hidden}), stream_);
+    head_input = gathered_.data();
+  }
+  linear(model_.lm_head, head_input, logit_rows_, logits_.data());
+}
+
+void CudaEngine::fill_random_kv(uint64_t seed) {
+  const ModelConfig& c = model_.config;
+  constexpr int64_t kChunk = 2048;
+  std::vector<std::vector<int32_t>> tables;
+  std::vector<int64_t> lengths;
+  for (size_t s = 0; s < seq_live_.size(); ++s) {
+    if (!seq_live_[s] || seq_length_[s] == 0) continue;
+    tables.push_back(seq_pages_[s]);
+    lengths.push_back(seq_length_[s]);
+  }
+  if (tables.empty()) return;
+  const kv::DeviceBlockTables block_tables =
+      kv::DeviceBlockTables::from_host(tables, lengths, options_.page_size);
+  const size_t values = static_cast<size_t>(kChunk * c.kv_dim());
+  Buffer random16(values * 2, Device::cuda), k(values * 4, Device::cuda), v(values * 4, Device::cuda);
+  const TensorView r16 = dev(random16.data(), DType::f16, {kChunk, c.kv_dim()});
+  cuda::fill_random_f16(random16.data(), values, seed, 1.0f, stream_);
+  ops::convert_rows(r16, dev(k.data(), DType::f32, {kChunk, c.kv_dim()}), stream_);
+  cuda::fill_random_f16(random16.data(), values, seed + 1, 1.0f, stream_);
+  ops::convert_rows(r16, dev(v.data(), DType::f32, {kChunk, c.kv_dim()}), stream_);
+  for (int layer = 0; layer < static_cast<int>(c.num_layers); ++layer) {
+    for (size_t r = 0; r < tables.size(); ++r) {
+      for (int64_t first = 0; first < lengths[r]; first += kChunk) {
+        kv::device_write_tokens(*cache_, layer, block_tables, static_cast<int>(r), first,
+                                std::min(kChunk, lengths[r] - first), k.as<float>(), v.as<float>(), stream_);
+      }
+    }
+  }
+  LOWBIT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+TensorView CudaEngine::logits() const {
+  return dev(logits_.data(), DType::f16, {logit_rows_, model_.config.vocab});
+}
+
+const int32_t* CudaEngine::argmax_logits() {
+  ops::argmax(logits(), dev(next_tokens_.data(), DType::i32, {logit_rows_}), stream_);
+  return next_tokens_.as<const int32_t>();
+}
+
+// ---- Backend ------------------------------------------------------------------------
+
+namespace {
+
+// The Backend interface reports the cache through a KvStore; the CUDA cache
+// lives on the device, so this one only accounts (bytes, description).
+class DeviceKvAccounting final : public KvStore {
+ public:
+  DeviceKvAccounting(const CudaEngine& engine, std::string description)
+      : engine_(engine), description_(std::move(description)) {}
+  int add_sequence() override { unsupported(); }
+  void release_sequence(int) override { unsupported(); }
+  int64_t extend(int, int64_t) override { unsupported(); }
+  int64_t length(int) const override { unsupported(); }
+  void write(int, int, int64_t, int64_t, std::span<const float>, std::span<const float>) override {
+    unsupported();
+  }
+  void attend(int, int, int64_t, int64_t, std::span<const float>, std::span<float>,
+              ThreadPool*) const override {
+    unsupported();
+  }
+  int64_t bytes_per_token() const override { return engine_.kv_bytes_per_token(); }
+  int64_t bytes_used() const override { return tokens_ * engine_.kv_bytes_per_token(); }
+  std::string describe() const override { return description_; }
+  int64_t tokens_ = 0;
+
+ private:
+  [[noreturn]] static void unsupported() {
+    fail(ErrorKind::unsupported,
+         "the CUDA backend's KV cache lives on the device; use the backend's methods");
+  }
+  const CudaEngine& engine_;
+  std::string description_;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(const Model& model, const KvOptions& kv, bool quantize_dense_to_w4)
+      : model_(model),
+        device_model_(DeviceModel::upload(model, quantize_dense_to_w4)),
+        engine_(device_model_, engine_options(kv)),
+        accounting_(engine_, kv.describe() + " on the device"),
+        max_tokens_(kv.max_tokens) {}
+
+  std::string name() const override { return "cuda"; }
+  int add_sequence() override { return engine_.add_sequence(); }
+  void release_sequence(int seq) override {
+    accounting_.tokens_ -= engine_.length(seq);
+    engine_.release_sequence(seq);
+  }
+  int64_t length(int seq) const override { return engine_.length(seq); }
+
+  void forward(std::span<const StepInput> inputs, LogitsWanted wanted, std::vector<float>& logits) override {
+    LOWBIT_REQUIRE(!inputs.empty(), "forward: no inputs");
+    // Everything is checked before any sequence grows: a refused call
+    // leaves the backend as it was.
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const StepInput& in = inputs[i];
+      LOWBIT_REQUIRE(!in.tokens.empty(), "forward: an input without tokens");
+      for (size_t j = 0; j < i; ++j)
+        LOWBIT_REQUIRE(inputs[j].seq != in.seq, "forward: sequence ", in.seq, " appears twice in one step");
+      for (int32_t t : in.tokens)
+        LOWBIT_REQUIRE(t >= 0 && t < model_.config.vocab, "token id ", t, " outside the vocabulary of ",
+                       model_.config.vocab);
+      const int64_t after = engine_.length(in.seq) + static_cast<int64_t>(in.tokens.size());
+      LOWBIT_REQUIRE(after <= max_tokens_, "sequence ", in.seq, " would hold ", after,
+                     " tokens; the cache was made for ", max_tokens_, " (--max-tokens)");
+    }
+    std::vector<StepRow> rows;
+    std::vector<int32_t> tokens;
+    for (const StepInput& in : inputs) {
+      const int64_t n = static_cast<int64_t>(in.tokens.size());
+      rows.push_back({in.seq, engine_.extend(in.seq, n), n});
+      accounting_.tokens_ += n;
+      tokens.insert(tokens.end(), in.tokens.begin(), in.tokens.end());
+    }
+    engine_.step(rows, tokens, wanted == LogitsWanted::all);
+    const TensorView out = engine_.logits();
+    std::vector<f16> h(static_cast<size_t>(out.numel()));
+    LOWBIT_CUDA_CHECK(cudaStreamSynchronize(engine_.stream()));
+    Buffer::copy(h.data(), Device::cpu, out.data, Device::cuda, h.size() * 2);
+    logits.resize(h.size());
+    for (size_t i = 0; i < h.size(); ++i) logits[i] = f16_to_float(h[i]);
+  }
+  const KvStore& kv() const override { return accounting_; }
+  const Model& model() const override { return model_; }
+
+ private:
+  static CudaEngineOptions engine_options(const KvOptions& kv) {
+    kv.validate();
+    CudaEngineOptions o;
+    o.k_format = to_kv_format(kv.k);
+    o.v_format = to_kv_format(kv.v);
+    o.max_tokens = kv.max_tokens;
+    o.max_sequences = kv.max_sequences;
+    o.page_size = std::max(16, (kv.page_size + 15) / 16 * 16);
+    o.rotation_seed = kv.rotation_seed;
+    return o;
+  }
+
+  const Model& model_;
+  DeviceModel device_model_;
+  CudaEngine engine_;
+  DeviceKvAccounting accounting_;
+  int64_t max_tokens_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(const Model& model, const KvOptions& kv,
+                                           bool quantize_dense_to_w4) {
+  if (cuda_device_count() == 0) fail(ErrorKind::unsupported, "--device cuda: no CUDA device is visible");
+  return std::make_unique<CudaBackend>(model, kv, quantize_dense_to_w4);
+}
+
+}  // namespace lowbit::engine

@@ -1,0 +1,183 @@
+// The CUDA engine (lowbit/engine/cuda_engine.h) against the CPU backend on the
+// same random models: prefill logits of every prompt token and a few greedy
+// decode steps, for Llama and Qwen3 (per-head q/k norm), dense and w4
+// weights, fp16 and tq4 KV. The CPU backend is itself tested against
+// transformers (tests/engine), so agreement here ties the GPU path to it.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "error_matchers.h"
+#include "gpu_test_util.h"
+#include "lowbit/core/error.h"
+#include "lowbit/engine/backend.h"
+#include "lowbit/engine/cuda_engine.h"
+#include "lowbit/engine/weights.h"
+#include "tolerances.h"
+
+namespace lowbit::engine {
+namespace {
+
+ModelConfig tiny_config(Architecture arch) {
+  ModelConfig c;
+  c.arch = arch;
+  c.hidden = 256;
+  c.intermediate = 512;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 128;  // the CUDA attention kernels' head dimension
+  c.vocab = 384;
+  c.rms_eps = 1e-6;
+  c.rope_theta = 10000.0;
+  c.qk_norm = arch == Architecture::qwen3;
+  return c;
+}
+
+// max |a - b| / max |b| over the whole array.
+double max_rel_error(const std::vector<float>& a, const std::vector<float>& b) {
+  double err = 0, scale = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    err = std::max(err, std::abs(static_cast<double>(a[i]) - b[i]));
+    scale = std::max(scale, std::abs(static_cast<double>(b[i])));
+  }
+  return scale > 0 ? err / scale : err;
+}
+
+struct Case {
+  Architecture arch;
+  WeightMode weights;
+  KvStorage kv;
+  std::string name() const {
+    return std::string(architecture_name(arch)) + "_" + weight_mode_name(weights) + "_" + kv_storage_name(kv);
+  }
+};
+
+class CudaEngineVsCpu : public ::testing::TestWithParam<Case> {};
+
+double logits_tolerance(KvStorage kv) {
+  switch (kv) {
+    case KvStorage::tq4: return test::kCudaEngineLogitsRelErrorTq4;
+    case KvStorage::tq3: case KvStorage::tq2: return test::kCudaEngineLogitsRelErrorTq3;
+    default: return test::kCudaEngineLogitsRelError;
+  }
+}
+
+TEST_P(CudaEngineVsCpu, PrefillAndDecodeLogitsAgree) {
+  LOWBIT_REQUIRE_GPU();
+  const Case& tc = GetParam();
+  const Model model = make_random_model(tiny_config(tc.arch), 99, tc.weights, 0.08f);
+  CpuBackendOptions cpu_options;
+  cpu_options.kv.k = cpu_options.kv.v = tc.kv;
+  cpu_options.kv.max_tokens = 64;
+  cpu_options.kv.page_size = 16;
+  auto cpu = make_cpu_backend(model, cpu_options);
+  auto gpu = make_cuda_backend(model, cpu_options.kv, false);
+  const int cs = cpu->add_sequence(), gs = gpu->add_sequence();
+
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 21; ++i) prompt.push_back(static_cast<int32_t>((i * 37 + 5) % model.config.vocab));
+  std::vector<float> want, got;
+  cpu->forward(std::vector<StepInput>{{cs, prompt}}, LogitsWanted::all, want);
+  gpu->forward(std::vector<StepInput>{{gs, prompt}}, LogitsWanted::all, got);
+  ASSERT_EQ(got.size(), want.size());
+  for (float v : got) ASSERT_TRUE(std::isfinite(v));
+  const double tolerance = logits_tolerance(tc.kv);
+  EXPECT_LE(max_rel_error(got, want), tolerance) << "prefill";
+
+  // Greedy decode, both fed the CPU's choice so they see the same tokens.
+  std::vector<float> last(want.end() - model.config.vocab, want.end());
+  for (int step = 0; step < 6; ++step) {
+    const int32_t next = static_cast<int32_t>(std::max_element(last.begin(), last.end()) - last.begin());
+    const std::vector<int32_t> token = {next};
+    cpu->forward(std::vector<StepInput>{{cs, token}}, LogitsWanted::last, want);
+    gpu->forward(std::vector<StepInput>{{gs, token}}, LogitsWanted::last, got);
+    EXPECT_LE(max_rel_error(got, want), tolerance) << "decode step " << step;
+    last = want;
+  }
+  EXPECT_EQ(gpu->length(gs), 27);
+  EXPECT_GT(gpu->kv().bytes_used(), 0);
+}
+
+TEST(CudaEngine, BatchedDecodeEqualsOneSequenceAtATime) {
+  LOWBIT_REQUIRE_GPU();
+  const Model model = make_random_model(tiny_config(Architecture::qwen3), 5, WeightMode::w4, 0.08f);
+  KvOptions kv;
+  kv.k = kv.v = KvStorage::tq4;
+  kv.max_tokens = 80;
+  kv.max_sequences = 3;
+  kv.page_size = 16;
+  auto batched = make_cuda_backend(model, kv, false);
+  auto single = make_cuda_backend(model, kv, false);
+  const std::vector<std::vector<int32_t>> prompts = {
+      {1, 2, 3}, {7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23}, {300}};
+  std::vector<int> bseq, sseq;
+  std::vector<float> logits;
+  for (const auto& p : prompts) {
+    bseq.push_back(batched->add_sequence());
+    sseq.push_back(single->add_sequence());
+  }
+  std::vector<StepInput> inputs;
+  for (size_t i = 0; i < prompts.size(); ++i) inputs.push_back({bseq[i], prompts[i]});
+  batched->forward(inputs, LogitsWanted::last, logits);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    std::vector<float> one;
+    single->forward(std::vector<StepInput>{{sseq[i], prompts[i]}}, LogitsWanted::last, one);
+    const std::vector<float> row(logits.begin() + static_cast<int64_t>(i) * model.config.vocab,
+                                 logits.begin() + static_cast<int64_t>(i + 1) * model.config.vocab);
+    // Same kernels, but the GEMMs see different M: only summation order differs.
+    EXPECT_LE(max_rel_error(row, one), test::kCudaEngineBatchRelError) << "prompt " << i;
+  }
+  // A decode step of all three at once against one at a time.
+  const std::vector<int32_t> next = {4, 5, 6};
+  inputs.clear();
+  for (size_t i = 0; i < prompts.size(); ++i) inputs.push_back({bseq[i], std::span(next).subspan(i, 1)});
+  batched->forward(inputs, LogitsWanted::last, logits);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    std::vector<float> one;
+    single->forward(std::vector<StepInput>{{sseq[i], std::span(next).subspan(i, 1)}}, LogitsWanted::last,
+                    one);
+    const std::vector<float> row(logits.begin() + static_cast<int64_t>(i) * model.config.vocab,
+                                 logits.begin() + static_cast<int64_t>(i + 1) * model.config.vocab);
+    EXPECT_LE(max_rel_error(row, one), test::kCudaEngineBatchRelError) << "decode, sequence " << i;
+  }
+}
+
+TEST(CudaEngine, RejectsWhatItCannotRun) {
+  LOWBIT_REQUIRE_GPU();
+  ModelConfig c = tiny_config(Architecture::llama);
+  c.head_dim = 64;
+  const Model model = make_random_model(c, 1, WeightMode::dense, 0.08f);
+  KvOptions kv;
+  EXPECT_TRUE(test::throws_error([&] { (void)make_cuda_backend(model, kv, false); }, ErrorKind::unsupported,
+                                 "head_dim"));
+  const Model ok = make_random_model(tiny_config(Architecture::llama), 1, WeightMode::dense, 0.08f);
+  kv.max_tokens = 8;
+  auto gpu = make_cuda_backend(ok, kv, false);
+  const int s = gpu->add_sequence();
+  std::vector<float> logits;
+  const auto run = [&](int seq, std::vector<int32_t> tokens) {
+    gpu->forward(std::vector<StepInput>{{seq, tokens}}, LogitsWanted::last, logits);
+  };
+  EXPECT_TRUE(test::throws_error([&] { run(s, {384}); }, ErrorKind::invalid_argument, "token id 384"));
+  EXPECT_TRUE(test::throws_error([&] { run(s, std::vector<int32_t>(9, 1)); }, ErrorKind::invalid_argument,
+                                 "would hold 9"));
+  EXPECT_TRUE(test::throws_error([&] { run(s + 1, {1}); }, ErrorKind::invalid_argument, "unknown sequence"));
+  // Nothing of the refused calls was kept: the sequence still takes 8 tokens.
+  run(s, std::vector<int32_t>(8, 2));
+  EXPECT_EQ(gpu->length(s), 8);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, CudaEngineVsCpu,
+                         ::testing::Values(Case{Architecture::llama, WeightMode::dense, KvStorage::fp16},
+                                           Case{Architecture::qwen3, WeightMode::dense, KvStorage::fp16},
+                                           Case{Architecture::llama, WeightMode::w4, KvStorage::fp16},
+                                           Case{Architecture::qwen3, WeightMode::w4, KvStorage::tq4},
+                                           Case{Architecture::llama, WeightMode::dense, KvStorage::tq3}),
+                         [](const ::testing::TestParamInfo<Case>& info) { return info.param.name(); });
+
+}  // namespace
+}  // namespace lowbit::engine

@@ -1,0 +1,57 @@
+// `lowbit bench model`: the CUDA engine's decode and prefill speed on a
+// full-size architecture with random weights.
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "lowbit/core/error.h"
+#include "lowbit/engine/model_bench.h"
+
+namespace lowbit::cli {
+
+void add_bench_model_command(CLI::App& bench) {
+  auto* model = bench.add_subcommand(
+      "model",
+      "Decode and prefill speed of a full-size decoder on the GPU with random weights made on the device\n"
+      "(no checkpoint needed): fp16 vs w4 weights, fp16 vs tq4 KV, per batch size and context length.\n"
+      "Each decode step is reported beside its bytes floor: the weights plus batch x context tokens of K/V,\n"
+      "read once at the measured copy bandwidth. Configurations that do not fit in GPU memory are skipped.");
+  static engine::ModelBenchOptions options;
+  static bool random_weights = false;
+  model->add_option("--config", options.config, "qwen3-14b, llama3-8b, or a config.json path")
+      ->capture_default_str();
+  model->add_flag("--random-weights", random_weights, "Use random weights (required: the only mode for now)");
+  model->add_option("--weights", options.weights, "Weight formats: fp16, w4")
+      ->delimiter(',')
+      ->capture_default_str();
+  model->add_option("--kv", options.kv, "KV formats: fp16, tq4, tq3, tq2")
+      ->delimiter(',')
+      ->capture_default_str();
+  model->add_option("--batch", options.batches, "Batch sizes")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  model->add_option("--context", options.contexts, "Context lengths (tokens already in the cache)")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  model
+      ->add_option("--max-prefill-context", options.max_prefill_context,
+                   "Time prefill only for contexts up to this length")
+      ->capture_default_str();
+  model->add_option("--reps", options.reps, "Timed decode steps per point")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  model->add_flag("!--no-graphs", options.graphs,
+                  "Time decode steps launched eagerly, not replayed as CUDA graphs");
+  model->add_option("--json", options.json_path, "Write one JSON row per measurement to this file");
+  model->callback([] {
+    if (!random_weights) {
+      fail(ErrorKind::unsupported,
+           "bench model: only --random-weights is supported (checkpoints: lowbit generate)");
+    }
+    engine::run_model_benchmark(options);
+  });
+}
+
+}  // namespace lowbit::cli
