@@ -22,8 +22,8 @@
 //     and columns past K) and 1-D bulk copies of the stage's 2-4 KB of weights
 //     and scale/zero pairs, all completing on the stage's mbarrier. (The first
 //     version had all 256 threads issue cp.async; the H100 profile showed ~900
-//     issued instructions per warp and iteration at M = 1, mostly that address
-//     arithmetic and the zero-filling of rows past M.)
+//     issued instructions per warp and iteration at M = 1, which we attribute
+//     mostly to that address arithmetic and the zero-filling of rows past M.)
 //   - Two warpgroups (128 columns) share each x tile. Each waits for its own
 //     wgmma batch before dequantizing the next iteration: the assembler
 //     serializes every wgmma of a kernel in which registers of a wgmma operand
@@ -36,12 +36,10 @@
 //     iterations and one dequantizes while the other's wgmma runs.
 //   - Small grids (few column tiles at large K) split K over CTAs; the last
 //     CTA of a tile sums the partials in a fixed order (deterministic).
-#include "w4a16_wgmma.h"
-
 #include <cuda.h>  // CUtensorMap (the encoder is fetched through the runtime: no libcuda link)
+#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <cudaTypedefs.h>
 
 #include <algorithm>
 #include <type_traits>
@@ -49,6 +47,7 @@
 #include "lowbit/core/error.h"
 #include "lowbit/cuda/check.h"
 #include "w4a16_device.cuh"
+#include "w4a16_wgmma.h"
 #include "wgmma_ops.cuh"
 
 namespace lowbit::w4a16_detail {
@@ -60,7 +59,8 @@ constexpr int kThreads = 256;  // two warpgroups, 64 output columns each
 // other before it waits for a slot to be released.
 constexpr int kStages = 5;
 constexpr int kAhead = 3;
-static_assert(kAhead < kStages - 1, "a warpgroup must be able to run ahead of the other by one slot at least");
+static_assert(kAhead < kStages - 1,
+              "a warpgroup must be able to run ahead of the other by one slot at least");
 
 template <int kMTile>
 struct Smem {
@@ -87,7 +87,9 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t addr) {
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
 template <int N>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
@@ -122,17 +124,18 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t by
 // TMA: the box {64 columns, rows} of x at (k0, m0) into dst, completing on bar.
 __device__ __forceinline__ void tma_load_x(void* dst, const CUtensorMap* map, int k0, int m0, uint64_t* bar) {
   asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::
-          "r"(smem_address(dst)),
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+      "%3}], [%4];\n" ::"r"(smem_address(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(k0), "r"(m0), "r"(smem_address(bar))
       : "memory");
 }
 // 1-D bulk copy of `bytes` (a multiple of 16, both addresses 16-byte aligned).
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                   smem_address(dst)),
-               "l"(src), "r"(bytes), "r"(smem_address(bar))
-               : "memory");
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+          smem_address(dst)),
+      "l"(src), "r"(bytes), "r"(smem_address(bar))
+      : "memory");
 }
 
 #endif  // !__CUDA_ARCH__ || __CUDA_ARCH_FEAT_SM90_ALL
@@ -144,8 +147,8 @@ template <int kMTile>
 constexpr int kMinCtasPerSm = kMTile == 256 ? 1 : (kMTile >= 64 ? 2 : 4);
 
 template <typename T, int kMTile, bool kFloatZero>
-__global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>) w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap x_map,
-                                                                             const WgmmaArgs args) {
+__global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>)
+    w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap x_map, const WgmmaArgs args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using S = Smem<kMTile>;
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
@@ -193,13 +196,14 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>) w4a16_wgmma_k
     if (i >= kStages) mbar_wait(&empty[s], ((i / kStages) + 1) & 1);
     mbar_arrive_expect_tx(&full[s], S::kXBytes + w_bytes + 2 * sz_bytes);
     tma_load_x(stage_x(s), &x_map, k0, m0, &full[s]);
-    bulk_load(stage_w(s), args.qweight + (static_cast<int64_t>(it) * n_blocks + blockIdx.y * 2) * 128, w_bytes,
-              &full[s]);
+    bulk_load(stage_w(s), args.qweight + (static_cast<int64_t>(it) * n_blocks + blockIdx.y * 2) * 128,
+              w_bytes, &full[s]);
 #pragma unroll
     for (int part = 0; part < 2; ++part) {  // the groups of rows k0 and k0 + 32
       const int group = args.group_shift < 0 ? 0 : (k0 + 32 * part) >> args.group_shift;
-      bulk_load(stage_sz(s) + part * 128, args.scale_zero + static_cast<int64_t>(group) * args.N_pad + blockIdx.y * 128,
-                sz_bytes, &full[s]);
+      bulk_load(stage_sz(s) + part * 128,
+                args.scale_zero + static_cast<int64_t>(group) * args.N_pad + blockIdx.y * 128, sz_bytes,
+                &full[s]);
     }
   };
   if (tid == 0)
@@ -280,7 +284,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>) w4a16_wgmma_k
     return;
   }
   float* partial = args.partial + static_cast<int64_t>(split) * args.M * args.N_pad;
-  for_each_output([&](int row, int col, float v) { __stcg(partial + static_cast<int64_t>(row) * args.N_pad + col, v); });
+  for_each_output(
+      [&](int row, int col, float v) { __stcg(partial + static_cast<int64_t>(row) * args.N_pad + col, v); });
   __threadfence();  // this thread's partials are visible device-wide before the count
   __syncthreads();
   int* counter = args.counters + blockIdx.y * gridDim.x + blockIdx.x;
@@ -303,8 +308,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>) w4a16_wgmma_k
         const int q = base + u * kThreads;
         const int row = m0 + q / 32, col = blockIdx.y * 128 + (q % 32) * 4;
         if (q < quads && col < args.N_pad) {
-          const float4 v = __ldcg(reinterpret_cast<const float4*>(args.partial + sp * split_stride +
-                                                                  static_cast<int64_t>(row) * args.N_pad + col));
+          const float4 v = __ldcg(reinterpret_cast<const float4*>(
+              args.partial + sp * split_stride + static_cast<int64_t>(row) * args.N_pad + col));
           sum[u].x += v.x;
           sum[u].y += v.y;
           sum[u].z += v.z;
@@ -343,7 +348,8 @@ CUtensorMap x_tensor_map(const WgmmaArgs& a, int rows, bool bf16) {
   if (encode == nullptr) {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult status{};
-    LOWBIT_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &status));
+    LOWBIT_CUDA_CHECK(
+        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &status));
     if (status != cudaDriverEntryPointSuccess || fn == nullptr)
       fail(ErrorKind::unsupported, "W4A16 wgmma: the CUDA driver has no cuTensorMapEncodeTiled");
     encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
@@ -353,13 +359,14 @@ CUtensorMap x_tensor_map(const WgmmaArgs& a, int rows, bool bf16) {
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(a.ldx) * 2};
   const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(rows)};
   const cuuint32_t element_strides[2] = {1, 1};
-  const CUresult r = encode(&map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
-                            const_cast<void*>(a.x), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult r = encode(&map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                            2, const_cast<void*>(a.x), dims, strides, box, element_strides,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
-    fail(ErrorKind::invalid_argument, "W4A16 wgmma: cannot describe x [", a.M, ", ", a.K, "] with row stride ", a.ldx,
-         " to the copy engine (CUresult ", static_cast<int>(r), "): rows must be 16-byte aligned");
+    fail(ErrorKind::invalid_argument, "W4A16 wgmma: cannot describe x [", a.M, ", ", a.K,
+         "] with row stride ", a.ldx, " to the copy engine (CUresult ", static_cast<int>(r),
+         "): rows must be 16-byte aligned");
   return map;
 }
 
@@ -368,12 +375,13 @@ void launch_typed(const WgmmaArgs& args, cudaStream_t stream) {
   auto kernel = w4a16_wgmma_kernel<T, kMTile, kFloatZero>;
   static bool configured = false;  // per instantiation; the attribute is per device function
   if (!configured) {
-    LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Smem<kMTile>::kBytes));
+    LOWBIT_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Smem<kMTile>::kBytes));
     configured = true;
   }
   const CUtensorMap map = x_tensor_map(args, kMTile, std::is_same_v<T, __nv_bfloat16>);
-  const dim3 grid(static_cast<unsigned>((args.M + kMTile - 1) / kMTile), static_cast<unsigned>((args.N_pad + 127) / 128),
-                  static_cast<unsigned>(args.split_k));
+  const dim3 grid(static_cast<unsigned>((args.M + kMTile - 1) / kMTile),
+                  static_cast<unsigned>((args.N_pad + 127) / 128), static_cast<unsigned>(args.split_k));
   kernel<<<grid, kThreads, Smem<kMTile>::kBytes, stream>>>(map, args);
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
@@ -381,11 +389,16 @@ void launch_typed(const WgmmaArgs& args, cudaStream_t stream) {
 template <typename T, bool kFloatZero>
 void launch_rows(const WgmmaArgs& args, int rows_per_tile, cudaStream_t stream) {
   switch (rows_per_tile) {
-    case 16: return launch_typed<T, 16, kFloatZero>(args, stream);
-    case 32: return launch_typed<T, 32, kFloatZero>(args, stream);
-    case 64: return launch_typed<T, 64, kFloatZero>(args, stream);
-    case 128: return launch_typed<T, 128, kFloatZero>(args, stream);
-    default: return launch_typed<T, 256, kFloatZero>(args, stream);
+    case 16:
+      return launch_typed<T, 16, kFloatZero>(args, stream);
+    case 32:
+      return launch_typed<T, 32, kFloatZero>(args, stream);
+    case 64:
+      return launch_typed<T, 64, kFloatZero>(args, stream);
+    case 128:
+      return launch_typed<T, 128, kFloatZero>(args, stream);
+    default:
+      return launch_typed<T, 256, kFloatZero>(args, stream);
   }
 }
 
