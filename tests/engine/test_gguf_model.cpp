@@ -1,7 +1,8 @@
 // GGUF models built in the test from the golden checkpoints, the way
-// llama.cpp's converter writes them: metadata under llama.*, ggml tensor
-// names, the rows of attn_q/attn_k permuted so that RoPE pairs are adjacent,
-// llama3 scaling as a rope_freqs tensor of per-frequency divisors. With F32
+// llama.cpp's converter writes them: metadata under llama.* / qwen3.*, ggml
+// tensor names; for llama the rows of attn_q/attn_k permuted so that RoPE
+// pairs are adjacent and llama3 scaling as a rope_freqs tensor of
+// per-frequency divisors. With F32
 // tensors the logits must equal transformers' (the golden file); with Q8_0,
 // Q4_0 and F16 tensors each layer must load exactly as the gguf module's
 // reference dequantizer reads it.
