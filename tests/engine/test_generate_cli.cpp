@@ -1,7 +1,12 @@
 // `lowbit generate` run as a user runs it.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "cli_runner.h"
@@ -49,13 +54,24 @@ TEST(GenerateCli, DefaultModelStreamsTextAndReportsSpeedAndMemory) {
   EXPECT_EQ(r.output.rfind("The capital of France is Paris.", 0), 0u) << r.output;
   for (const char* needle : {"prefill:", "decode:", "tokens/s", "weights", "KV cache"})
     EXPECT_NE(r.output.find(needle), std::string::npos) << needle << "\n" << r.output;
-  // Two prompts decoded as one batch, tq4 K and fp16 V.
+  // Two prompts decoded as one batch, tq4 K and fp16 V, numbers to JSON.
+  const std::string json = ::testing::TempDir() + "lowbit_generate_" + std::to_string(::getpid()) + ".jsonl";
   const CliResult b = run_lowbit(
-      "generate --max-tokens 6 --prompt 'The capital of France is' --prompt 'One, two, three,' --kv-k tq4 --kv-v fp16");
+      "generate --max-tokens 6 --prompt 'The capital of France is' --prompt 'One, two, three,' --kv-k tq4 --kv-v fp16"
+      " --ignore-eos --json " + json);
   ASSERT_EQ(b.exit_code, 0) << b.output;
   EXPECT_NE(b.output.find("== prompt 1: One, two, three,"), std::string::npos) << b.output;
   EXPECT_NE(b.output.find("batch 2"), std::string::npos) << b.output;
   EXPECT_NE(b.output.find("K tq4, V fp16"), std::string::npos) << b.output;
+  std::ifstream in(json);
+  std::string line;
+  ASSERT_TRUE(std::getline(in, line)) << json;
+  const nlohmann::json row = nlohmann::json::parse(line);
+  EXPECT_EQ(row.at("batch"), 2);
+  EXPECT_EQ(row.at("generated_tokens"), 12);
+  EXPECT_GT(row.at("decode_tokens_per_s").get<double>(), 0.0);
+  EXPECT_EQ(row.at("kv"), "K tq4, V fp16");
+  std::remove(json.c_str());
 }
 
 }  // namespace

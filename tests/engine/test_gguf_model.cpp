@@ -1,7 +1,8 @@
-// GGUF models built in the test from the golden Llama checkpoint, the way
-// llama.cpp's converter writes them: metadata under llama.*, ggml tensor
-// names, the rows of attn_q/attn_k permuted so that RoPE pairs are adjacent,
-// llama3 scaling as a rope_freqs tensor of per-frequency divisors. With F32
+// GGUF models built in the test from the golden checkpoints, the way
+// llama.cpp's converter writes them: metadata under llama.* / qwen3.*, ggml
+// tensor names; for llama the rows of attn_q/attn_k permuted so that RoPE
+// pairs are adjacent and llama3 scaling as a rope_freqs tensor of
+// per-frequency divisors. With F32
 // tensors the logits must equal transformers' (the golden file); with Q8_0,
 // Q4_0 and F16 tensors each layer must load exactly as the gguf module's
 // reference dequantizer reads it.
@@ -146,40 +147,53 @@ std::vector<float> permute_rows(const std::vector<float>& w, int64_t heads, int6
   return out;
 }
 
-// The golden Llama as a GGUF file whose linear layers are of type `linear`.
-fs::path write_golden_llama_gguf(GgmlType linear) {
-  const engine::Model hf = engine::load_model(golden_dir("llama"));
+// A golden model as a GGUF file whose linear layers are of type `linear`.
+// llama: Wq/Wk rows permuted, llama3 scaling as rope_freqs; qwen3: neither
+// (llama.cpp runs qwen3 with half-style RoPE), q/k norms as attn_{q,k}_norm.
+fs::path write_golden_gguf(const std::string& name, GgmlType linear) {
+  const engine::Model hf = engine::load_model(golden_dir(name));
   const engine::ModelConfig& c = hf.config;
-  const io::SafetensorsFile f = io::SafetensorsFile::open(golden_dir("llama") / "model.safetensors");
+  const bool llama = name == "llama";
+  const io::SafetensorsFile f = io::SafetensorsFile::open(golden_dir(name) / "model.safetensors");
   GgufWriter w;
-  w.kv_string("general.architecture", "llama");
-  w.kv_u32("llama.block_count", static_cast<uint32_t>(c.num_layers));
-  w.kv_u32("llama.embedding_length", static_cast<uint32_t>(c.hidden));
-  w.kv_u32("llama.feed_forward_length", static_cast<uint32_t>(c.intermediate));
-  w.kv_u32("llama.attention.head_count", static_cast<uint32_t>(c.num_heads));
-  w.kv_u32("llama.attention.head_count_kv", static_cast<uint32_t>(c.num_kv_heads));
-  w.kv_f32("llama.attention.layer_norm_rms_epsilon", static_cast<float>(c.rms_eps));
-  w.kv_f32("llama.rope.freq_base", static_cast<float>(c.rope_theta));
-  w.kv_u32("llama.context_length", 512);
-  // llama3 scaling as llama.cpp stores it: divisors of the plain frequencies.
-  engine::ModelConfig plain = c;
-  plain.rope_scaling = {};
-  const std::vector<float> base = engine::rope_inv_freq(plain), scaled = engine::rope_inv_freq(c);
-  std::vector<float> factors(base.size());
-  for (size_t i = 0; i < base.size(); ++i) factors[i] = base[i] / scaled[i];
-  w.tensor("rope_freqs.weight", factors, 0, static_cast<int64_t>(factors.size()), GgmlType::F32);
+  const std::string a = name + ".";
+  w.kv_string("general.architecture", name);
+  w.kv_u32(a + "block_count", static_cast<uint32_t>(c.num_layers));
+  w.kv_u32(a + "embedding_length", static_cast<uint32_t>(c.hidden));
+  w.kv_u32(a + "feed_forward_length", static_cast<uint32_t>(c.intermediate));
+  w.kv_u32(a + "attention.head_count", static_cast<uint32_t>(c.num_heads));
+  w.kv_u32(a + "attention.head_count_kv", static_cast<uint32_t>(c.num_kv_heads));
+  w.kv_u32(a + "attention.key_length", static_cast<uint32_t>(c.head_dim));
+  w.kv_f32(a + "attention.layer_norm_rms_epsilon", static_cast<float>(c.rms_eps));
+  w.kv_f32(a + "rope.freq_base", static_cast<float>(c.rope_theta));
+  w.kv_u32(a + "context_length", 512);
+  if (c.rope_scaling.llama3) {
+    // llama3 scaling as llama.cpp stores it: divisors of the plain frequencies.
+    engine::ModelConfig plain = c;
+    plain.rope_scaling = {};
+    const std::vector<float> base = engine::rope_inv_freq(plain), scaled = engine::rope_inv_freq(c);
+    std::vector<float> factors(base.size());
+    for (size_t i = 0; i < base.size(); ++i) factors[i] = base[i] / scaled[i];
+    w.tensor("rope_freqs.weight", factors, 0, static_cast<int64_t>(factors.size()), GgmlType::F32);
+  }
   w.tensor("token_embd.weight", read_floats(f, "model.embed_tokens.weight"), c.vocab, c.hidden, GgmlType::F32);
-  w.tensor("output.weight", read_floats(f, "lm_head.weight"), c.vocab, c.hidden, linear);
+  if (!c.tied_embeddings) w.tensor("output.weight", read_floats(f, "lm_head.weight"), c.vocab, c.hidden, linear);
   w.tensor("output_norm.weight", read_floats(f, "model.norm.weight"), 0, c.hidden, GgmlType::F32);
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".", b = "blk." + std::to_string(l) + ".";
     w.tensor(b + "attn_norm.weight", read_floats(f, p + "input_layernorm.weight"), 0, c.hidden, GgmlType::F32);
     w.tensor(b + "ffn_norm.weight", read_floats(f, p + "post_attention_layernorm.weight"), 0, c.hidden, GgmlType::F32);
-    w.tensor(b + "attn_q.weight", permute_rows(read_floats(f, p + "self_attn.q_proj.weight"), c.num_heads, c.head_dim, c.hidden),
-             c.q_dim(), c.hidden, linear);
-    w.tensor(b + "attn_k.weight",
-             permute_rows(read_floats(f, p + "self_attn.k_proj.weight"), c.num_kv_heads, c.head_dim, c.hidden), c.kv_dim(),
-             c.hidden, linear);
+    if (c.qk_norm) {
+      w.tensor(b + "attn_q_norm.weight", read_floats(f, p + "self_attn.q_norm.weight"), 0, c.head_dim, GgmlType::F32);
+      w.tensor(b + "attn_k_norm.weight", read_floats(f, p + "self_attn.k_norm.weight"), 0, c.head_dim, GgmlType::F32);
+    }
+    std::vector<float> wq = read_floats(f, p + "self_attn.q_proj.weight"), wk = read_floats(f, p + "self_attn.k_proj.weight");
+    if (llama) {
+      wq = permute_rows(wq, c.num_heads, c.head_dim, c.hidden);
+      wk = permute_rows(wk, c.num_kv_heads, c.head_dim, c.hidden);
+    }
+    w.tensor(b + "attn_q.weight", wq, c.q_dim(), c.hidden, linear);
+    w.tensor(b + "attn_k.weight", wk, c.kv_dim(), c.hidden, linear);
     w.tensor(b + "attn_v.weight", read_floats(f, p + "self_attn.v_proj.weight"), c.kv_dim(), c.hidden, linear);
     w.tensor(b + "attn_output.weight", read_floats(f, p + "self_attn.o_proj.weight"), c.hidden, c.q_dim(), linear);
     w.tensor(b + "ffn_gate.weight", read_floats(f, p + "mlp.gate_proj.weight"), c.intermediate, c.hidden, linear);
@@ -187,18 +201,22 @@ fs::path write_golden_llama_gguf(GgmlType linear) {
     w.tensor(b + "ffn_down.weight", read_floats(f, p + "mlp.down_proj.weight"), c.hidden, c.intermediate, linear);
   }
   const fs::path path = fs::temp_directory_path() /
-                        ("lowbit_engine_golden_" + gguf::ggml_type_name(linear) + "_" + std::to_string(::getpid()) + ".gguf");
+                        ("lowbit_engine_golden_" + name + "_" + gguf::ggml_type_name(linear) + "_" + std::to_string(::getpid()) + ".gguf");
   w.write(path);
   return path;
 }
 
-TEST(GgufModel, F32LlamaWithPermutedQkAndRopeFreqsMatchesTransformers) {
-  const fs::path path = write_golden_llama_gguf(GgmlType::F32);
+class GgufModel : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GgufModel, F32MatchesTransformers) {
+  const fs::path path = write_golden_gguf(GetParam(), GgmlType::F32);
   const engine::Model m = engine::load_model(path);
   EXPECT_EQ(m.source_format, "gguf");
-  EXPECT_EQ(m.config.rope_style, engine::RopeStyle::interleaved);
-  EXPECT_FALSE(m.config.tied_embeddings);
-  const io::SafetensorsFile g = io::SafetensorsFile::open(golden_dir("llama") / "golden.safetensors");
+  const bool llama = GetParam() == "llama";
+  EXPECT_EQ(m.config.rope_style, llama ? engine::RopeStyle::interleaved : engine::RopeStyle::half);
+  EXPECT_EQ(m.config.tied_embeddings, !llama);
+  EXPECT_EQ(m.config.qk_norm, !llama);
+  const io::SafetensorsFile g = io::SafetensorsFile::open(golden_dir(GetParam()) / "golden.safetensors");
   const TensorView t = g.view("tokens");
   const std::vector<int32_t> tokens(t.as<const int32_t>(), t.as<const int32_t>() + t.numel());
   engine::CpuBackendOptions o;
@@ -206,14 +224,17 @@ TEST(GgufModel, F32LlamaWithPermutedQkAndRopeFreqsMatchesTransformers) {
   o.kv.max_tokens = 64;
   auto b = engine::make_cpu_backend(m, o);
   const std::vector<float> ours = run_positions(*b, tokens, 10);
-  EXPECT_LE(max_relative_error(ours, read_floats(g, "logits")), kEngineLogitsMaxRelError);
+  EXPECT_LE(max_relative_error(ours, read_floats(g, "logits")), kEngineLogitsMaxRelError) << GetParam();
   fs::remove(path);
 }
+
+INSTANTIATE_TEST_SUITE_P(Models, GgufModel, ::testing::Values("llama", "qwen3"),
+                         [](const auto& param_info) { return std::string(param_info.param); });
 
 class GgufTypes : public ::testing::TestWithParam<GgmlType> {};
 
 TEST_P(GgufTypes, LayersLoadExactlyAsTheReferenceDequantizerReadsThem) {
-  const fs::path path = write_golden_llama_gguf(GetParam());
+  const fs::path path = write_golden_gguf("llama", GetParam());
   const engine::Model m = engine::load_model(path);
   const gguf::GgufFile file = gguf::GgufFile::open(path);
   const engine::MatrixFormat want = GetParam() == GgmlType::Q8_0   ? engine::MatrixFormat::q8

@@ -3,7 +3,7 @@
 //   lowbit generate [--model PATH] [--prompt TEXT]... [--max-tokens N] [--device auto|cpu|cuda]
 //                   [--weights auto|fp16|w4] [--kv F] [--kv-k F] [--kv-v F] [--chat]
 //                   [--temperature T] [--top-k K] [--top-p P] [--seed S] [--threads N]
-//                   [--max-context N] [--quiet] [--ignore-eos]
+//                   [--max-context N] [--quiet] [--ignore-eos] [--json FILE]
 //
 // PATH is a .gguf file or a Hugging Face folder (config.json, safetensors,
 // tokenizer.json); without --model, the default model in the cache
@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "lowbit/bench/json_rows.h"
 #include "lowbit/core/error.h"
 #include "lowbit/engine/backend.h"
 #include "lowbit/engine/generate.h"
@@ -95,6 +96,7 @@ struct Options {
   int64_t max_context = 0;
   bool quiet = false;
   bool ignore_eos = false;
+  std::string json;
 };
 
 void run_generate(const Options& o) {
@@ -173,17 +175,39 @@ void run_generate(const Options& o) {
     for (size_t i = 0; i < prompts.size(); ++i)
       std::cout << "== prompt " << i << ": " << texts[i] << "\n" << outputs[i] << "\n";
   }
-  if (o.quiet) return;
   // The first token of each prompt comes out of the prefill call.
   const int64_t decode_tokens = std::max<int64_t>(0, r.generated_tokens - static_cast<int64_t>(prompts.size()));
+  const double prefill_tps = r.prefill_seconds > 0 ? static_cast<double>(r.prompt_tokens) / r.prefill_seconds : 0.0;
+  const double decode_tps = r.decode_seconds > 0 ? static_cast<double>(decode_tokens) / r.decode_seconds : 0.0;
+  if (!o.json.empty()) {
+    nlohmann::ordered_json row;
+    row["suite"] = "generate";
+    row["impl"] = backend->name();
+    row["model"] = model_path.filename().string();
+    row["weights"] = model.weights.format_summary();
+    row["kv"] = backend_options.kv.describe();
+    row["batch"] = prompts.size();
+    row["prompt_tokens"] = r.prompt_tokens;
+    row["generated_tokens"] = r.generated_tokens;
+    row["prefill_s"] = r.prefill_seconds;
+    row["decode_s"] = r.decode_seconds;
+    row["prefill_tokens_per_s"] = prefill_tps;
+    row["decode_tokens_per_s"] = decode_tps;
+    row["weight_bytes"] = model.weights.nbytes();
+    row["weight_bytes_per_step"] = model.weights.bytes_per_token();
+    row["kv_bytes"] = r.kv_bytes;
+    row["kv_bytes_per_token"] = backend->kv().bytes_per_token();
+    bench::JsonRowsWriter(o.json).write(row);
+  }
+  if (o.quiet) return;
   std::ostringstream s;
   s << std::fixed << std::setprecision(1);
   s << "\n-- " << model_path.filename().string() << ": " << model.config.describe() << "\n";
   s << "-- device " << backend->name() << ", weights " << model.weights.format_summary() << "\n";
   s << "-- prefill: " << r.prompt_tokens << " tokens in " << r.prefill_seconds * 1e3 << " ms ("
-    << (r.prefill_seconds > 0 ? static_cast<double>(r.prompt_tokens) / r.prefill_seconds : 0.0) << " tokens/s)\n";
+    << prefill_tps << " tokens/s)\n";
   s << "-- decode: " << decode_tokens << " tokens in " << r.decode_steps << " steps, " << r.decode_seconds * 1e3 << " ms ("
-    << (r.decode_seconds > 0 ? static_cast<double>(decode_tokens) / r.decode_seconds : 0.0) << " tokens/s";
+    << decode_tps << " tokens/s";
   if (prompts.size() > 1) s << ", batch " << prompts.size();
   s << ")\n";
   s << "-- memory: weights " << mib(static_cast<double>(model.weights.nbytes())) << " ("
@@ -227,6 +251,7 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--max-context", o.max_context, "KV cache capacity per prompt in tokens (default: prompt + max-tokens)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--quiet", o.quiet, "Print only the generated text");
+  cmd->add_option("--json", o.json, "Also write the numbers as one JSON line to this file");
   cmd->add_flag("--ignore-eos", o.ignore_eos, "Do not stop at end-of-generation tokens (for timing N tokens)");
   cmd->callback([] { run_generate(o); });
 }
