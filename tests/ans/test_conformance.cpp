@@ -1,4 +1,4 @@
-// The seed authors' own files (/work/shared/testdata/matvans, written by the
+// The seed authors' own files (../shared/testdata/matvans beside the checkout, written by the
 // MATVANS reference encoder): we read them exactly, decode every matrix to
 // the raw matrix, reproduce the README's facts, and our encoder rewrites the
 // compressed file byte for byte from the raw one.
