@@ -3,7 +3,7 @@
 // picks one; the rest is the file). Not part of the CMake build. From the
 // repository root:
 //
-//   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude \
+//   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude
 //       fuzz/ans_fuzz_baseline.cpp src/ans/*.cpp src/core/*.cpp -lpthread -o ans_fuzz_baseline
 //   mkdir -p corpus-baseline   # seeds: a 0 or 1 byte followed by a small baseline file
 //   ./ans_fuzz_baseline -max_len=4096 corpus-baseline

@@ -3,7 +3,7 @@
 // container or throws lowbit::Error. Not part of the CMake build. From the
 // repository root:
 //
-//   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude \
+//   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude
 //       fuzz/ans_fuzz_detect.cpp src/ans/*.cpp src/core/*.cpp -lpthread -o ans_fuzz_detect
 //   ./ans_fuzz_detect -max_len=4096 corpus-any   # seeds: small files of every container
 #include <cstddef>

@@ -4,7 +4,7 @@
 // (it cannot forge CRC-32s); with them on, an accepted file must serialize
 // back to the exact input. Not part of the CMake build. From the repository root:
 //
-//   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude \
+//   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude
 //       fuzz/ans_fuzz_lowbit.cpp src/ans/*.cpp src/core/*.cpp -lpthread -o ans_fuzz_lowbit
 //   mkdir -p corpus-lowbit   # seeds: a 0 or 1 byte followed by a small lowbit file, e.g. from
 //                            # lowbit ans make-synthetic --layers 2 --dim 24 --rows-per-tile 4 --out x

@@ -2,9 +2,9 @@
 // parser, both layouts (with and without result_hash, detected) and its
 // decoder. Not part of the CMake build. From the repository root:
 //
-//   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude \
+//   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude
 //       fuzz/ans_fuzz_seed.cpp src/ans/*.cpp src/core/*.cpp -lpthread -o ans_fuzz_seed
-//   mkdir -p corpus-seed && cp /work/shared/testdata/matvans/compressed_matrices_512.bin corpus-seed/
+//   mkdir -p corpus-seed && cp ../shared/testdata/matvans/compressed_matrices_512.bin corpus-seed/
 //   ./ans_fuzz_seed -max_len=4096 corpus-seed
 //
 // (Small seeds work better than the 800 KB conformance file: `lowbit ans
