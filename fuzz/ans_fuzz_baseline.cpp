@@ -1,6 +1,6 @@
 // libFuzzer entry point for the seed's uncompressed baseline container
 // parser (report appendix A), in both element orders (the first input byte
-// picks one; the rest is the file). Not part of the CMake build. From the
+// picks one; the rest is the file). CI replays it under ASan (make test-asan); as a libFuzzer target, from the
 // repository root:
 //
 //   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude

@@ -1,5 +1,5 @@
 // Shared by the ans libFuzzer entry points (fuzz/ans_fuzz_*.cpp): what to do
-// with a file that parsed. Not built by default; see each entry point's top
+// with a file that parsed. Built with -DLOWBIT_BUILD_FUZZ=ON (a replay driver); see each entry point's top
 // comment for the build line.
 #pragma once
 

@@ -1,6 +1,6 @@
 // libFuzzer entry point for container detection (lowbit/ans/ans_file.h
 // parse_ans_file): whatever the bytes, the reader either recognizes one
-// container or throws lowbit::Error. Not part of the CMake build. From the
+// container or throws lowbit::Error. CI replays it under ASan (make test-asan); as a libFuzzer target, from the
 // repository root:
 //
 //   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude

@@ -2,7 +2,7 @@
 // decoder. The first input byte picks whether checksums are verified: with
 // them off the fuzzer reaches every field check and the payload decoder
 // (it cannot forge CRC-32s); with them on, an accepted file must serialize
-// back to the exact input. Not part of the CMake build. From the repository root:
+// back to the exact input. CI replays it under ASan (make test-asan); as a libFuzzer target, from the repository root:
 //
 //   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude
 //       fuzz/ans_fuzz_lowbit.cpp src/ans/*.cpp src/core/*.cpp -lpthread -o ans_fuzz_lowbit

@@ -1,6 +1,6 @@
 // libFuzzer entry point for the seed (MATVANS, report Table 1) container
 // parser, both layouts (with and without result_hash, detected) and its
-// decoder. Not part of the CMake build. From the repository root:
+// decoder. CI replays it under ASan (make test-asan); as a libFuzzer target, from the repository root:
 //
 //   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude
 //       fuzz/ans_fuzz_seed.cpp src/ans/*.cpp src/core/*.cpp -lpthread -o ans_fuzz_seed
