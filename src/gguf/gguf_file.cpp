@@ -1,9 +1,5 @@
 #include "lowbit/gguf/gguf_file.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <bit>
@@ -14,6 +10,7 @@
 #include <utility>
 
 #include "lowbit/core/error.h"
+#include "lowbit/io/mapped_file.h"
 
 namespace lowbit::gguf {
 
@@ -92,16 +89,8 @@ std::string TensorInfo::describe() const {
 struct GgufFile::Storage {
   const std::byte* data = nullptr;
   uint64_t size = 0;
-  void* map = nullptr;
-  size_t map_size = 0;
-  std::vector<std::byte> owned;
-
-  Storage() = default;
-  Storage(const Storage&) = delete;
-  Storage& operator=(const Storage&) = delete;
-  ~Storage() {
-    if (map != nullptr) ::munmap(map, map_size);
-  }
+  io::MappedFile mapped;        // open()
+  std::vector<std::byte> owned;  // from_bytes()
 };
 
 struct GgufFile::Value {
@@ -247,38 +236,14 @@ GgufFile GgufFile::open(const std::filesystem::path& path) {
   f.path_ = path;
   f.storage_ = std::make_unique<Storage>();
   const std::string where = "GGUF file " + show_path(path);
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int err = errno;
-    fail(ErrorKind::io, "cannot open ", where, ": ", std::strerror(err));
-  }
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    fail(ErrorKind::io, "cannot stat ", where, ": ", std::strerror(err));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    fail(ErrorKind::io, where, " is not a regular file",
-         S_ISDIR(st.st_mode) ? " (it is a directory)" : "");
-  }
-  const auto size = static_cast<uint64_t>(st.st_size);
+  f.storage_->mapped = io::MappedFile::open(path, where);
+  const uint64_t size = f.storage_->mapped.size();
   if (size < 24) {
-    ::close(fd);
     fail(ErrorKind::format, where, " is ", size,
          " bytes long: a GGUF header (magic, version, two counts) takes 24; truncated or not "
          "a GGUF file");
   }
-  void* map = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ, MAP_PRIVATE, fd, 0);
-  const int map_err = errno;
-  ::close(fd);
-  if (map == MAP_FAILED)
-    fail(ErrorKind::io, "cannot memory-map ", where, " (", size, " bytes): ",
-         std::strerror(map_err));
-  f.storage_->map = map;
-  f.storage_->map_size = static_cast<size_t>(size);
-  f.storage_->data = static_cast<const std::byte*>(map);
+  f.storage_->data = f.storage_->mapped.data();
   f.storage_->size = size;
   return parse(std::move(f));
 }

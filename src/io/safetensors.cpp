@@ -287,43 +287,13 @@ SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
   f.path_ = path;
   const std::string where = "safetensors file " + show_path(path);
 
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int err = errno;
-    fail(ErrorKind::io, "cannot open ", where, ": ", std::strerror(err));
-  }
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    fail(ErrorKind::io, "cannot stat ", where, ": ", std::strerror(err));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    fail(ErrorKind::io, where, " is not a regular file",
-         S_ISDIR(st.st_mode) ? " (it is a directory)" : "");
-  }
-  f.file_size_ = static_cast<uint64_t>(st.st_size);
+  f.map_ = MappedFile::open(path, where);
+  f.file_size_ = f.map_.size();
   if (f.file_size_ < 8) {
-    ::close(fd);
     fail(ErrorKind::format, where, " is ", f.file_size_,
          " bytes long: expected at least 8 (the header length); the file is truncated or empty");
   }
-  if (f.file_size_ > std::numeric_limits<size_t>::max()) {
-    ::close(fd);
-    fail(ErrorKind::unsupported, where, " is too large to map (", f.file_size_, " bytes)");
-  }
-  f.map_size_ = static_cast<size_t>(f.file_size_);
-  void* map = ::mmap(nullptr, f.map_size_, PROT_READ, MAP_PRIVATE, fd, 0);
-  const int map_err = errno;
-  ::close(fd);
-  if (map == MAP_FAILED) {
-    f.map_size_ = 0;
-    fail(ErrorKind::io, "cannot memory-map ", where, " (", f.file_size_,
-         " bytes): ", std::strerror(map_err));
-  }
-  f.map_ = map;  // from here on the destructor of `f` unmaps on any error
-  const auto* base = static_cast<const unsigned char*>(map);
+  const auto* base = reinterpret_cast<const unsigned char*>(f.map_.data());
 
   const uint64_t n = read_le64(base);
   if (n > kSafetensorsMaxHeaderBytes)
@@ -444,40 +414,9 @@ SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
   return f;
 }
 
-SafetensorsFile::SafetensorsFile(SafetensorsFile&& other) noexcept
-    : path_(std::move(other.path_)),
-      file_size_(other.file_size_),
-      header_size_(other.header_size_),
-      map_(std::exchange(other.map_, nullptr)),
-      map_size_(std::exchange(other.map_size_, 0)),
-      tensors_(std::move(other.tensors_)),
-      index_(std::move(other.index_)),
-      metadata_(std::move(other.metadata_)),
-      has_metadata_(other.has_metadata_) {}
-
-SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& other) noexcept {
-  if (this != &other) {
-    release();
-    path_ = std::move(other.path_);
-    file_size_ = other.file_size_;
-    header_size_ = other.header_size_;
-    map_ = std::exchange(other.map_, nullptr);
-    map_size_ = std::exchange(other.map_size_, 0);
-    tensors_ = std::move(other.tensors_);
-    index_ = std::move(other.index_);
-    metadata_ = std::move(other.metadata_);
-    has_metadata_ = other.has_metadata_;
-  }
-  return *this;
-}
-
-SafetensorsFile::~SafetensorsFile() { release(); }
-
-void SafetensorsFile::release() noexcept {
-  if (map_ != nullptr) ::munmap(map_, map_size_);
-  map_ = nullptr;
-  map_size_ = 0;
-}
+SafetensorsFile::SafetensorsFile(SafetensorsFile&&) noexcept = default;
+SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&&) noexcept = default;
+SafetensorsFile::~SafetensorsFile() = default;
 
 const SafetensorsTensor* SafetensorsFile::find(std::string_view name) const {
   const auto it = index_.find(name);
@@ -499,10 +438,10 @@ const SafetensorsTensor& SafetensorsFile::get(std::string_view name) const {
 }
 
 std::span<const std::byte> SafetensorsFile::bytes(const SafetensorsTensor& t) const {
-  if (map_ == nullptr)
+  if (!map_.mapped())
     fail(ErrorKind::invalid_argument, "SafetensorsFile::bytes(", show(t.name),
          ") on a moved-from SafetensorsFile");
-  const auto* base = static_cast<const std::byte*>(map_) + data_offset();
+  const auto* base = map_.data() + data_offset();
   return {base + t.data_begin, static_cast<size_t>(t.data_end - t.data_begin)};
 }
 

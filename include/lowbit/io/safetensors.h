@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "lowbit/core/dtype.h"
+#include "lowbit/io/mapped_file.h"
 #include "lowbit/core/tensor.h"
 
 namespace lowbit::io {
@@ -106,14 +107,12 @@ class SafetensorsFile {
 
  private:
   SafetensorsFile() = default;
-  void release() noexcept;
   const SafetensorsTensor& get(std::string_view name) const;
 
   std::filesystem::path path_;
   uint64_t file_size_ = 0;
   uint64_t header_size_ = 0;
-  void* map_ = nullptr;  // the whole file, PROT_READ
-  size_t map_size_ = 0;
+  MappedFile map_;  // the whole file
   std::vector<SafetensorsTensor> tensors_;
   std::map<std::string, size_t, std::less<>> index_;  // name -> position in tensors_
   std::map<std::string, std::string> metadata_;
