@@ -1,10 +1,12 @@
 #include "lowbit/cuda/device.h"
 
+#include <cstdlib>
 #include <string>
 
 #include "lowbit/core/error.h"
 #include "lowbit/core/tensor.h"
 #include "lowbit/cuda/check.h"
+#include "lowbit/cuda/pdl.cuh"
 #include "lowbit/cuda/random.h"
 #include "lowbit/cuda/timer.h"
 
@@ -124,3 +126,24 @@ double measure_copy_bandwidth_GBps(int index, size_t bytes, bench::TimingStats* 
 }
 
 }  // namespace lowbit
+
+namespace lowbit::cuda {
+
+bool pdl_enabled() {
+  static int cached[64] = {};  // 0 unknown, 1 off, 2 on
+  static const bool disabled_by_env = [] {
+    const char* v = std::getenv("LOWBIT_PDL");
+    return v != nullptr && std::string(v) == "0";
+  }();
+  int device = 0;
+  LOWBIT_CUDA_CHECK(cudaGetDevice(&device));
+  int& slot = cached[device & 63];
+  if (slot == 0) {
+    int major = 0;
+    LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    slot = major >= 9 && !disabled_by_env ? 2 : 1;
+  }
+  return slot == 2;
+}
+
+}  // namespace lowbit::cuda

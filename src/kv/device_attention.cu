@@ -52,6 +52,7 @@
 
 #include "lowbit/core/error.h"
 #include "lowbit/cuda/check.h"
+#include "lowbit/cuda/pdl.cuh"
 #include "lowbit/kv/device_cache.h"
 
 namespace lowbit::kv {
@@ -120,18 +121,6 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-// Programmatic dependent launch (sm_90): no-ops where unsupported.
-__device__ __forceinline__ void wait_for_previous_kernel() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void allow_next_kernel() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::);
-#endif
 }
 
 __device__ __forceinline__ uint32_t byte_of(uint32_t w, int k) { return (w >> (8 * k)) & 0xffu; }
@@ -389,7 +378,7 @@ __global__ void __launch_bounds__(TileLayout<KF, VF>::kWarps * 32, 8 / TileLayou
 
   // Query fragment (B of the score mma): column g is query head h*group + g
   // (zero past the group), rows in the K operand's coordinate order.
-  wait_for_previous_kernel();  // the rotated queries
+  cuda::pdl_wait();  // the rotated queries
   uint32_t qb[8][2];
   {
     const float* qrow = a.q + ((static_cast<int64_t>(r) * a.num_q_heads + h * a.group) + g) * kD;
@@ -471,7 +460,7 @@ __global__ void __launch_bounds__(TileLayout<KF, VF>::kWarps * 32, 8 / TileLayou
     __syncwarp();  // the stage is refilled by the next iteration's issue
   }
   cp_async_wait<0>();
-  allow_next_kernel();  // the merge kernel may launch; it waits for this grid to finish
+  cuda::pdl_launch_dependents();  // the merge kernel may launch; it waits for this grid to finish
   __syncthreads();
 
   // Merge the warps' states: [warp][8 heads][d] outputs, then m and l.
@@ -542,7 +531,7 @@ __global__ void __launch_bounds__(kRotThreads) rotate_queries_kernel(const float
                                                                      int num_q_heads, int group, float scale_log2) {
   // The attention kernel may start now: it prefetches K/V and builds its
   // tables, then waits for this grid's writes before reading the queries.
-  allow_next_kernel();
+  cuda::pdl_launch_dependents();
   __shared__ float qs[kDeviceMaxGroup][kD];
   __shared__ float red[4][kDeviceMaxGroup][kD];
   const int r = blockIdx.x, h = blockIdx.y;
@@ -564,7 +553,7 @@ __global__ void __launch_bounds__(kRotThreads) rotate_queries_kernel(const float
 // out[row][qh] = sum_c 2^(lse_c - M) o_c / sum_c 2^(lse_c - M) over the row's
 // chunks, then @ M^T when V is rotated. In place when part_out == out (one chunk).
 __global__ void __launch_bounds__(kRotThreads) merge_kernel(AttnArgs a, const float* mt, float* out) {
-  wait_for_previous_kernel();
+  cuda::pdl_wait();
   __shared__ float ys[kDeviceMaxGroup][kD];
   __shared__ float red[4][kDeviceMaxGroup][kD];
   const int r = blockIdx.x, h = blockIdx.y;
@@ -601,39 +590,6 @@ __global__ void __launch_bounds__(kRotThreads) merge_kernel(AttnArgs a, const fl
   }
 }
 
-bool device_has_pdl() {
-  static const int cc_major = [] {
-    int device = 0, major = 0;
-    LOWBIT_CUDA_CHECK(cudaGetDevice(&device));
-    LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    return major;
-  }();
-  return cc_major >= 9;
-}
-
-// Programmatic dependent launch (Hopper): the kernel may start while the
-// previous one in the stream finishes; it synchronises with griddepcontrol.
-// Saves the launch gap between the three kernels of a decode step (a few us,
-// a tenth of the batch-1 budget).
-template <typename... Params, typename... Args>
-void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                Args&&... args) {
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  if (device_has_pdl()) {
-    config.attrs = &attribute;
-    config.numAttrs = 1;
-  }
-  LOWBIT_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
-  LOWBIT_CUDA_CHECK_LAUNCH();
-}
-
 int fmt_of(KvFormat f) {
   switch (f) {
     case KvFormat::tq4:
@@ -663,7 +619,7 @@ void launch_attend(const AttnArgs& a, dim3 grid, cudaStream_t stream) {
         cudaFuncSetAttribute(attend_kernel<KF, VF>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     configured = smem;
   }
-  launch_pdl(attend_kernel<KF, VF>, grid, dim3(32 * L::kWarps), static_cast<size_t>(smem), stream, a);
+  cuda::launch_with_pdl(attend_kernel<KF, VF>, grid, dim3(32 * L::kWarps), static_cast<size_t>(smem), stream, a);
 }
 
 template <int KF>
@@ -756,7 +712,7 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
   }
   dispatch(fmt_of(cfg.k_format), fmt_of(cfg.v_format), a, dim3(max_splits, H, rows), stream);
   const float* mt = v_rot ? cache.rotation_t(layer) : nullptr;
-  launch_pdl(merge_kernel, dim3(rows, H), dim3(kRotThreads), 0, stream, a, mt, out);
+  cuda::launch_with_pdl(merge_kernel, dim3(rows, H), dim3(kRotThreads), 0, stream, a, mt, out);
 }
 
 }  // namespace

@@ -63,7 +63,8 @@ void run_w4a16_gemm_benchmark(const W4A16BenchOptions& options) {
   timer.warmup = 5;
   std::vector<W4A16Strategy> strategies = {W4A16Strategy::automatic,     W4A16Strategy::data_parallel,
                                            W4A16Strategy::split_k_atomic, W4A16Strategy::split_k_deterministic,
-                                           W4A16Strategy::stream_k,       W4A16Strategy::decoupled};
+                                           W4A16Strategy::stream_k,       W4A16Strategy::decoupled,
+                                           W4A16Strategy::gemv};
   if (w4a16_wgmma_available(0)) strategies.push_back(W4A16Strategy::wgmma);
   // impl -> M -> sum of log(speedup), count
   std::map<std::string, std::map<int64_t, std::pair<double, int>>> speedups;
@@ -98,10 +99,18 @@ void run_w4a16_gemm_benchmark(const W4A16BenchOptions& options) {
       const TensorView yv = TensorView::contiguous(y.data(), options.dtype, {M, shape.N}, Device::cuda);
       // Every strategy under its own name, then the forced wgmma tiles.
       std::vector<std::pair<std::string, W4A16Options>> configs;
+      // gemv serves 8 rows per weight read: past M = 16 it only re-reads the
+      // weights, and timing it there would take most of the run.
+      constexpr int64_t kGemvMaxBenchRows = 16;
       for (W4A16Strategy strategy : strategies)
-        configs.emplace_back(std::string("lowbit_") + w4a16_strategy_name(strategy), W4A16Options{strategy, 0});
+        if (strategy != W4A16Strategy::gemv || M <= kGemvMaxBenchRows)
+          configs.emplace_back(std::string("lowbit_") + w4a16_strategy_name(strategy), W4A16Options{strategy, 0});
+      for (int split : options.gemv_splits)
+        if (M <= kGemvMaxBenchRows)
+          configs.emplace_back("lowbit_gemv_s" + std::to_string(split), W4A16Options{W4A16Strategy::gemv, split});
+      const bool wgmma = w4a16_wgmma_available(0);
       for (int rows : options.wgmma_tiles) {
-        if (strategies.back() != W4A16Strategy::wgmma || rows > 2 * std::max<int64_t>(M, 8)) continue;
+        if (!wgmma || rows > 2 * std::max<int64_t>(M, 8)) continue;
         W4A16Options o{W4A16Strategy::wgmma, 0};
         o.rows_per_tile = rows;
         configs.emplace_back("lowbit_wgmma_r" + std::to_string(rows), o);

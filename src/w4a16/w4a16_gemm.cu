@@ -36,6 +36,7 @@
 #include "lowbit/cuda/random.h"
 #include "lowbit/w4a16/w4a16_layout.h"
 #include "w4a16_device.cuh"
+#include "w4a16_gemv.h"
 #include "w4a16_wgmma.h"
 
 namespace lowbit {
@@ -412,6 +413,7 @@ const char* w4a16_strategy_name(W4A16Strategy s) {
     case W4A16Strategy::stream_k: return "stream_k";
     case W4A16Strategy::decoupled: return "decoupled";
     case W4A16Strategy::wgmma: return "wgmma";
+    case W4A16Strategy::gemv: return "gemv";
   }
   return "?";
 }
@@ -419,7 +421,7 @@ const char* w4a16_strategy_name(W4A16Strategy s) {
 std::optional<W4A16Strategy> parse_w4a16_strategy(std::string_view name) {
   for (auto s : {W4A16Strategy::automatic, W4A16Strategy::data_parallel, W4A16Strategy::split_k_atomic,
                  W4A16Strategy::split_k_deterministic, W4A16Strategy::stream_k, W4A16Strategy::decoupled,
-                 W4A16Strategy::wgmma})
+                 W4A16Strategy::wgmma, W4A16Strategy::gemv})
     if (name == w4a16_strategy_name(s)) return s;
   return std::nullopt;
 }
@@ -547,6 +549,9 @@ int resident_ctas(int rows_per_pass, bool bf16, int device) {
 
 bool w4a16_wgmma_available(int device) { return w4a16_detail::wgmma_supported(device); }
 
+// Up to this many rows `auto` runs the gemv kernel (see w4a16_plan).
+constexpr int64_t kAutoGemvMaxRows = 8;
+
 W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& options) {
   W4A16Plan plan{options.strategy, 1, M <= 16 ? 16 : (M <= 32 ? 32 : 64)};
   const bool bf16 = w.act_dtype() == DType::bf16;
@@ -563,7 +568,9 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
     // Without sm_90a: the fused mma.sync kernel up to 64 rows, then the
     // decoupled GEMM (cheaper than re-reading the weights every 64 rows).
     // The H100 measurements behind this: docs/w4a16-gemm.md.
-    if (w4a16_wgmma_available(w.device())) {
+    if (M <= kAutoGemvMaxRows) {
+      plan.strategy = W4A16Strategy::gemv;
+    } else if (w4a16_wgmma_available(w.device())) {
       plan.strategy = W4A16Strategy::wgmma;
       if (M > 512) {
         const int rows = w4a16_detail::wgmma_rows_per_tile(M);
@@ -576,6 +583,28 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
     } else {
       plan.strategy = M <= 64 ? W4A16Strategy::split_k_deterministic : W4A16Strategy::decoupled;
     }
+  }
+  if (plan.strategy == W4A16Strategy::gemv) {
+    plan.rows_per_pass = w4a16_detail::kGemvRowsPerPass;
+    const int64_t blocks = (w.N_padded() / 64) * ((M + plan.rows_per_pass - 1) / plan.rows_per_pass);
+    const int min_split = w4a16_detail::gemv_min_split(M, iters);
+    int64_t choice = options.split_k;
+    if (choice <= 0) {
+      // CTAs of one split run equal work, so the time goes as (waves of
+      // resident CTAs) x (iterations per CTA): take the split that minimizes
+      // that product (the smallest on ties, which has the least partial
+      // traffic). More CTAs than one wave also keeps more loads in flight.
+      const int64_t wave = static_cast<int64_t>(w4a16_detail::gemv_ctas_per_sm(bf16, w.device())) *
+                           sm_count(w.device());
+      int64_t best_cost = -1;
+      for (int64_t s = min_split; s <= std::min<int64_t>(iters, 64); ++s) {
+        const int64_t cost = (blocks * s + wave - 1) / wave * ((iters + s - 1) / s);
+        if (best_cost < 0 || cost < best_cost) best_cost = cost, choice = s;
+      }
+      if (best_cost < 0) choice = min_split;
+    }
+    plan.split_k = static_cast<int>(std::clamp<int64_t>(choice, min_split, std::max(iters, min_split)));
+    return plan;
   }
   if (plan.strategy == W4A16Strategy::wgmma) {
     const int r = options.rows_per_tile;
@@ -723,6 +752,34 @@ void w4a16_gemm(const TensorView& x, const W4A16Weights& w, const TensorView& y,
       a.counters = static_cast<int*>(workspace.scratch(3, static_cast<size_t>(tiles) * sizeof(int), true, w.device()));
     }
     w4a16_detail::launch_wgmma(a, plan.rows_per_pass, bf16, w.float_zero(), stream);
+    return;
+  }
+
+  if (plan.strategy == W4A16Strategy::gemv) {
+    w4a16_detail::GemvArgs a{};
+    a.x = xin;
+    a.ldx = ldx;
+    a.qweight = static_cast<const uint4*>(w.qweight());
+    a.scale_zero = w.scale_zero();
+    a.y = y.data;
+    a.ldy = y.strides[0];
+    a.M = static_cast<int>(M);
+    a.K = static_cast<int>(w.K());
+    a.N = static_cast<int>(w.N());
+    a.N_pad = static_cast<int>(w.N_padded());
+    a.iters = iters;
+    a.group_shift = group_shift;
+    a.split_k = plan.split_k;
+    if (plan.split_k > 1) {
+      const int64_t passes = (M + plan.rows_per_pass - 1) / plan.rows_per_pass;
+      // Slot 2: the ordered partials; slot 3: one counter per (pass, block), kept zero.
+      a.partial = static_cast<float*>(workspace.scratch(
+          2, static_cast<size_t>(M * w.N_padded()) * static_cast<size_t>(plan.split_k) * sizeof(float), false,
+          w.device()));
+      a.counters = static_cast<int*>(workspace.scratch(
+          3, static_cast<size_t>(passes * (w.N_padded() / 64)) * sizeof(int), true, w.device()));
+    }
+    w4a16_detail::launch_gemv(a, bf16, w.float_zero(), stream);
     return;
   }
 

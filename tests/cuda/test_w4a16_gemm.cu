@@ -96,7 +96,7 @@ std::vector<uint16_t> run_gpu(const Problem& p, const W4A16Weights& w, W4A16Work
 std::vector<W4A16Strategy> strategies() {
   std::vector<W4A16Strategy> s = {W4A16Strategy::data_parallel, W4A16Strategy::split_k_atomic, W4A16Strategy::stream_k,
                                   W4A16Strategy::split_k_deterministic, W4A16Strategy::decoupled,
-                                  W4A16Strategy::automatic};
+                                  W4A16Strategy::gemv, W4A16Strategy::automatic};
   if (w4a16_wgmma_available()) s.push_back(W4A16Strategy::wgmma);
   return s;
 }
@@ -188,6 +188,52 @@ TEST(W4A16Gemm, LargeLayerAtDecodeShapes) {
   }
 }
 
+// The gemv strategy: every row count of a pass (1..8) and several passes,
+// K splits that do and do not divide the iterations (and more splits than
+// iterations), a split below the least its activation staging allows (raised
+// to it), group 32 (two scale groups per iteration), bf16, float zero-point,
+// odd K and N; and the deterministic reduction repeats bit for bit.
+TEST(W4A16Gemm, GemvEveryRowCountAndSplit) {
+  LOWBIT_REQUIRE_GPU();
+  W4A16Workspace ws;
+  struct Case { int64_t K, N; int group; ZeroKind kind; DType dtype; };
+  uint64_t seed = 300;
+  for (const Case c : {Case{4096, 200, 128, ZeroKind::asym, DType::f16}, Case{1000, 72, -1, ZeroKind::sym, DType::bf16},
+                       Case{576, 136, 32, ZeroKind::float_min_f16, DType::f16},
+                       Case{448, 64, 64, ZeroKind::asym, DType::bf16}}) {
+    const auto layer = test::random_layer(c.K, c.N, c.group, c.kind, seed++);
+    const W4A16Weights w = W4A16Weights::prepare(layer, c.dtype);
+    for (int64_t M : {1, 2, 3, 4, 5, 6, 7, 8, 9, 17}) {
+      const Problem p = make_problem(M, layer, c.dtype, seed++);
+      for (int split : {0, 1, 3, 7, 200}) {
+        SCOPED_TRACE(testing::Message() << "K=" << c.K << " N=" << c.N << " g=" << c.group << " "
+                                        << test::zero_kind_name(c.kind) << " " << dtype_name(c.dtype) << " M=" << M
+                                        << " split " << split);
+        const W4A16Options o{W4A16Strategy::gemv, split};
+        const W4A16Plan plan = w4a16_plan(M, w, o);
+        EXPECT_EQ(plan.strategy, W4A16Strategy::gemv);
+        EXPECT_EQ(plan.rows_per_pass, 8);
+        EXPECT_GE(plan.split_k, 1);
+        const auto first = run_gpu(p, w, ws, o);
+        EXPECT_TRUE(matches_reference(p, first));
+        if (split == 3) EXPECT_EQ(run_gpu(p, w, ws, o), first);
+      }
+    }
+  }
+  // 8 rows of K = 4096 (64 iterations) stage at most 16 iterations per CTA:
+  // a forced split of 1 runs with 4.
+  const W4A16Weights big = W4A16Weights::random(4096, 256, 128, DType::f16, 9);
+  EXPECT_EQ(w4a16_plan(8, big, {W4A16Strategy::gemv, 1}).split_k, 4);
+  EXPECT_EQ(w4a16_plan(1, big, {W4A16Strategy::gemv, 1}).split_k, 1);
+}
+
+TEST(W4A16Gemm, AutoRunsGemvUpTo8Rows) {
+  LOWBIT_REQUIRE_GPU();
+  const W4A16Weights w = W4A16Weights::random(1024, 512, 128, DType::f16, 4);
+  for (int64_t M : {1, 2, 8}) EXPECT_EQ(w4a16_plan(M, w).strategy, W4A16Strategy::gemv) << "M=" << M;
+  EXPECT_NE(w4a16_plan(9, w).strategy, W4A16Strategy::gemv);
+}
+
 TEST(W4A16Gemm, WgmmaRunsOnComputeCapability9) {
   LOWBIT_REQUIRE_GPU();
   int major = 0;
@@ -201,7 +247,8 @@ TEST(W4A16Gemm, WgmmaRunsOnComputeCapability9) {
   const auto layer = test::random_layer(256, 64, 64, ZeroKind::sym, 3);
   const W4A16Weights w = W4A16Weights::prepare(layer, DType::f16);
   EXPECT_EQ(w4a16_plan(256, w).strategy, W4A16Strategy::wgmma);
-  EXPECT_EQ(w4a16_plan(1, w).strategy, W4A16Strategy::wgmma);
+  EXPECT_EQ(w4a16_plan(1, w).strategy, W4A16Strategy::gemv);
+  EXPECT_EQ(w4a16_plan(9, w).strategy, W4A16Strategy::wgmma);
   // M > 512: wgmma when its 256-row tiles fill the waves of the device,
   // decoupled when they do not (here: 4 tiles).
   EXPECT_EQ(w4a16_plan(1024, w).strategy, W4A16Strategy::decoupled);

@@ -42,6 +42,10 @@ void add_bench_command(CLI::App& app) {
                    "Also time the wgmma strategy with these tile rows forced (16,32,64,128,256; sm_90a only)")
       ->delimiter(',')
       ->check(CLI::IsMember({16, 32, 64, 128, 256}));
+  gemm->add_option("--gemv-splits", options.gemv_splits,
+                   "Also time the gemv strategy with these K splits forced (M <= 16 only)")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
   gemm->callback([] {
     options.dtype = dtype == "bf16" ? DType::bf16 : DType::f16;
     run_w4a16_gemm_benchmark(options);

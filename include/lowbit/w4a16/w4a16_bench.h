@@ -31,6 +31,9 @@ struct W4A16BenchOptions {
   // Extra rows "lowbit_wgmma_r<R>" with the wgmma tile forced to R rows (16..256;
   // tiles more than twice M are skipped), to measure the tile choice of auto.
   std::vector<int> wgmma_tiles;
+  // Extra rows "lowbit_gemv_s<S>" with the gemv strategy's K split forced to
+  // S (raised to the least split its activation staging allows), M <= 16.
+  std::vector<int> gemv_splits;
 };
 
 // Runs the benchmark on device 0, printing one line per measurement and a

@@ -22,6 +22,11 @@
 //                          x tiles of 16..256 rows in shared memory, so one
 //                          weight read serves up to 256 rows (prefill); K split
 //                          with a deterministic reduction when the grid is small
+//   gemv                   decode: the dequantized weights are the mma A
+//                          operand (16 columns x 16 rows of K) and up to 8
+//                          rows of x its n columns, weights streamed straight
+//                          into registers; K split with a deterministic
+//                          reduction; larger M runs in passes of 8 rows
 //   automatic              chosen by M, N, K and the device's SM count
 #pragma once
 
@@ -44,6 +49,7 @@ enum class W4A16Strategy : uint8_t {
   stream_k,
   decoupled,
   wgmma,  // needs a device and a build with sm_90a (w4a16_wgmma_available)
+  gemv,
 };
 const char* w4a16_strategy_name(W4A16Strategy s);  // "auto", "data_parallel", ...
 std::optional<W4A16Strategy> parse_w4a16_strategy(std::string_view name);
@@ -124,8 +130,8 @@ struct W4A16Options {
 // What a call runs: the strategy, the K split and the rows per pass.
 struct W4A16Plan {
   W4A16Strategy strategy;
-  int split_k;        // split-K and wgmma: CTAs per tile along K; stream-K: CTAs in the wave
-  int rows_per_pass;  // 16, 32 or 64 (wgmma: 16, 32, 64, 128 or 256); larger M takes several passes
+  int split_k;        // split-K, wgmma, gemv: CTAs per tile along K; stream-K: CTAs in the wave
+  int rows_per_pass;  // 16, 32 or 64 (wgmma: 16, 32, 64, 128 or 256; gemv: 8); larger M takes several passes
 };
 W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& options = {});
 

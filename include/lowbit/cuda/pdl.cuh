@@ -1,0 +1,69 @@
+// Programmatic dependent launch (PDL, sm_90 and later), shared by every
+// kernel of a decode step.
+//
+// Why: a batch-1 decode step of a 40-layer model is ~500 kernel launches, and
+// even replayed from a CUDA graph each one leaves a gap of a few microseconds
+// between the end of one kernel and the first instructions of the next (grid
+// launch, CTA rasterization, the first loads' latency). With PDL the next
+// kernel is launched while the previous one drains: its CTAs start, do what
+// does not depend on the previous kernel (a GEMV issues its first weight
+// loads), and block in pdl_wait() until the previous grid has completed and
+// its memory is visible.
+//
+// Rules for a kernel launched with launch_with_pdl:
+//   - every CTA calls pdl_wait() before it reads anything an earlier kernel
+//     of the stream wrote, and before it writes anything an earlier kernel
+//     may still read (and before any early return: a grid whose CTAs all
+//     skipped the wait could complete before its predecessor, breaking the
+//     chain for the kernels after it);
+//   - pdl_launch_dependents() lets the next kernel start early; without it the
+//     next kernel starts when this one exits.
+// Kernels launched without the attribute keep plain stream order, so a chain
+// may mix both (cuBLAS calls are plain). LOWBIT_PDL=0 in the environment
+// launches everything plainly (to measure what PDL gains).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+#include "lowbit/cuda/check.h"
+
+namespace lowbit::cuda {
+
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::);
+#endif
+}
+
+// Whether launches on the current device use PDL: compute capability 9.0 or
+// later, and LOWBIT_PDL is not "0". Cached per device.
+bool pdl_enabled();
+
+template <typename... Params, typename... Args>
+void launch_with_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                     Args&&... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  if (pdl_enabled()) {
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+  }
+  LOWBIT_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+  LOWBIT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace lowbit::cuda
