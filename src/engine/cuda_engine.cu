@@ -115,14 +115,8 @@ TensorView dev(void* p, DType t, std::initializer_list<int64_t> shape) {
   return TensorView::contiguous(p, t, shape, Device::cuda);
 }
 
-// A [tokens, heads, head_dim] view of one part of the fused QKV rows.
-TensorView heads_view(const Buffer& qkv, int64_t qkv_dim, int64_t offset, int64_t tokens, int64_t heads,
-                      int64_t head_dim) {
-  TensorView v = dev(static_cast<char*>(qkv.data()) + offset * 2, DType::f16, {tokens, heads, head_dim});
-  v.strides[0] = qkv_dim;
-  return v;
-}
-
+// A [rows, cols] f16 view starting `offset` elements into each row of `b`
+// (rows `stride` apart): a part of a fused GEMM output.
 TensorView rows_view(const Buffer& b, int64_t offset, int64_t rows, int64_t cols, int64_t stride) {
   TensorView v = dev(static_cast<char*>(b.data()) + offset * 2, DType::f16, {rows, cols});
   v.strides[0] = stride;
@@ -472,21 +466,16 @@ void CudaEngine::launch(const int32_t* d_tokens) {
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const DeviceLayer& L = model_.layers[static_cast<size_t>(l)];
     linear(L.qkv, normed_.data(), M, qkv_.data());
-    const TensorView q = heads_view(qkv_, qkv_dim, 0, M, c.num_heads, c.head_dim);
-    const TensorView k = heads_view(qkv_, qkv_dim, c.q_dim(), M, c.num_kv_heads, c.head_dim);
-    if (c.qk_norm) {
-      ops::head_rms_norm(q, dev(L.q_norm.data(), DType::f16, {c.head_dim}), eps, stream_);
-      ops::head_rms_norm(k, dev(L.k_norm.data(), DType::f16, {c.head_dim}), eps, stream_);
-    }
-    ops::rope(q, positions_view, inv_freq_view, rope_style, stream_);
-    ops::rope(k, positions_view, inv_freq_view, rope_style, stream_);
-    // The KV kernels take fp32 q/k/v (they quantize and rotate in fp32).
-    ops::convert_rows(rows_view(qkv_, 0, M, c.q_dim(), qkv_dim), dev(q32_.data(), DType::f32, {M, c.q_dim()}),
-                      stream_);
-    ops::convert_rows(rows_view(qkv_, c.q_dim(), M, c.kv_dim(), qkv_dim),
-                      dev(k32_.data(), DType::f32, {M, c.kv_dim()}), stream_);
-    ops::convert_rows(rows_view(qkv_, c.q_dim() + c.kv_dim(), M, c.kv_dim(), qkv_dim),
-                      dev(v32_.data(), DType::f32, {M, c.kv_dim()}), stream_);
+    // q/k norm (Qwen3), RoPE and the widening to the fp32 q/k/v that the KV
+    // kernels take (they quantize and rotate in fp32), in one launch.
+    const TensorView q_norm = dev(L.q_norm.data(), DType::f16, {c.head_dim});
+    const TensorView k_norm = dev(L.k_norm.data(), DType::f16, {c.head_dim});
+    ops::qkv_to_attention_inputs(rows_view(qkv_, 0, M, qkv_dim, qkv_dim), c.num_heads, c.num_kv_heads,
+                                 c.head_dim, c.qk_norm ? &q_norm : nullptr, c.qk_norm ? &k_norm : nullptr,
+                                 eps, positions_view, inv_freq_view, rope_style,
+                                 dev(q32_.data(), DType::f32, {M, c.q_dim()}),
+                                 dev(k32_.data(), DType::f32, {M, c.kv_dim()}),
+                                 dev(v32_.data(), DType::f32, {M, c.kv_dim()}), stream_);
     attention_layer(static_cast<int>(l), rows_, tables_, M);
     ops::convert_rows(dev(out32_.data(), DType::f32, {M, c.q_dim()}),
                       dev(attn_.data(), DType::f16, {M, c.q_dim()}), stream_);

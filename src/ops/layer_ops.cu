@@ -1,5 +1,12 @@
 // CUDA kernels of layer_ops_cuda.h. Each is one pass over its bytes with fp32
 // arithmetic; the per-row ones use one CTA per row and a block reduction.
+//
+// Every kernel here is launched with programmatic dependent launch
+// (lowbit/cuda/pdl.cuh) and starts with pdl_wait(): they are microseconds of
+// work each, between GEMMs and attention, so the launch gap before them
+// (a few us, even in a CUDA graph) would otherwise cost as much as their work.
+// They trigger their dependents at once: the next kernel (usually a GEMV)
+// then issues its weight loads while this one runs.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -8,6 +15,7 @@
 
 #include "lowbit/core/error.h"
 #include "lowbit/cuda/check.h"
+#include "lowbit/cuda/pdl.cuh"
 #include "lowbit/ops/layer_ops_cuda.h"
 
 namespace lowbit::ops {
@@ -34,6 +42,33 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
 
 constexpr int kRowThreads = 256;
 
+// The fp32 steps of the per-head RMSNorm and of RoPE, with every rounding
+// spelled out by intrinsics that the compiler may not contract or reassociate
+// (plain `a * b + c` may or may not become an fma depending on what the code is
+// inlined into). head_rms_norm and rope use them, and so does the fused
+// qkv_to_attention_inputs kernel, which is what makes it reproduce the
+// separate kernels bit for bit. The fma choices are those nvcc made for the
+// plain expressions these replaced (checked in the SASS), so the separate
+// kernels' results did not change either.
+__device__ __forceinline__ float sum_sq_step(float acc, float v) { return __fmaf_rn(v, v, acc); }
+__device__ __forceinline__ float head_inv_rms(float sum_sq, int head_dim, float eps) {
+  return rsqrtf(__fadd_rn(__fdiv_rn(sum_sq, static_cast<float>(head_dim)), eps));
+}
+__device__ __forceinline__ float norm_scale(float v, float inv_rms, float w) {
+  return __fmul_rn(__fmul_rn(v, inv_rms), w);
+}
+// The angle is pos * inv_freq in fp32 as HF transformers computes it; sincosf
+// (not the fast __sincosf) keeps full accuracy for the large angles of long
+// contexts.
+__device__ __forceinline__ void rope_cos_sin(float pos, float inv_freq, float* c, float* s) {
+  sincosf(__fmul_rn(pos, inv_freq), s, c);
+}
+// (x0, x1) rotated by the angle of (c, s): y0 = x0 c - x1 s, y1 = x1 c + x0 s.
+__device__ __forceinline__ void rope_rotate(float x0, float x1, float c, float s, float* y0, float* y1) {
+  *y0 = __fmaf_rn(x0, c, -__fmul_rn(x1, s));
+  *y1 = __fmaf_rn(x0, s, __fmul_rn(x1, c));
+}
+
 // Sum over the CTA; every thread gets the total. `scratch` holds one float per warp.
 __device__ float block_sum(float v, float* scratch) {
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
@@ -48,6 +83,8 @@ __device__ float block_sum(float v, float* scratch) {
 
 template <typename T>
 __global__ void rms_norm_kernel(const T* x, const T* w, float eps, T* y, int64_t dim) {
+  cuda::pdl_wait();  // PDL: see the file comment
+  cuda::pdl_launch_dependents();
   __shared__ float scratch[32];
   const T* row = x + blockIdx.x * dim;
   float sum_sq = 0.0f;
@@ -66,6 +103,8 @@ __global__ void rms_norm_kernel(const T* x, const T* w, float eps, T* y, int64_t
 // stored value, so that what the next layer adds to is what was normalized.
 template <typename T>
 __global__ void add_rms_norm_kernel(T* residual, const T* x, const T* w, float eps, T* y, int64_t dim) {
+  cuda::pdl_wait();  // PDL: see the file comment
+  cuda::pdl_launch_dependents();
   __shared__ float scratch[32];
   T* res = residual + blockIdx.x * dim;
   const T* in = x + blockIdx.x * dim;
@@ -88,22 +127,24 @@ __global__ void add_rms_norm_kernel(T* residual, const T* x, const T* w, float e
 template <typename T>
 __global__ void head_rms_norm_kernel(T* x, int64_t token_stride, int heads, int head_dim, const T* w,
                                      float eps) {
+  cuda::pdl_wait();  // PDL: see the file comment
+  cuda::pdl_launch_dependents();
   const int head = blockIdx.y * (blockDim.x / 32) + threadIdx.x / 32;
   if (head >= heads) return;
   const int lane = threadIdx.x % 32;
   T* v = x + blockIdx.x * token_stride + static_cast<int64_t>(head) * head_dim;
   float sum_sq = 0.0f;
-  for (int i = lane; i < head_dim; i += 32) {
-    const float f = to_float(v[i]);
-    sum_sq += f * f;
-  }
+  for (int i = lane; i < head_dim; i += 32) sum_sq = sum_sq_step(sum_sq, to_float(v[i]));
   for (int offset = 16; offset > 0; offset >>= 1) sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, offset);
-  const float inv_rms = rsqrtf(sum_sq / static_cast<float>(head_dim) + eps);
-  for (int i = lane; i < head_dim; i += 32) v[i] = from_float<T>(to_float(v[i]) * inv_rms * to_float(w[i]));
+  const float inv_rms = head_inv_rms(sum_sq, head_dim, eps);
+  for (int i = lane; i < head_dim; i += 32)
+    v[i] = from_float<T>(norm_scale(to_float(v[i]), inv_rms, to_float(w[i])));
 }
 
 template <typename S, typename D>
 __global__ void convert_rows_kernel(const S* src, int64_t src_stride, int64_t rows, int64_t cols, D* dst) {
+  cuda::pdl_wait();  // PDL: see the file comment
+  cuda::pdl_launch_dependents();
   const int64_t n = rows * cols;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -111,31 +152,116 @@ __global__ void convert_rows_kernel(const S* src, int64_t src_stride, int64_t ro
   }
 }
 
-// One CTA per token; a thread per (head, pair). The angle is pos * inv_freq in
-// fp32 as HF transformers computes it; sincosf (not the fast __sincosf) keeps
-// full accuracy for the large angles of long contexts.
+// One CTA per token; a thread per (head, pair).
 template <typename T>
 __global__ void rope_kernel(T* x, int64_t token_stride, int heads, int head_dim, const int32_t* positions,
                             const float* inv_freq, bool interleaved) {
+  cuda::pdl_wait();  // PDL: see the file comment
+  cuda::pdl_launch_dependents();
   const int half = head_dim / 2;
   const float pos = static_cast<float>(positions[blockIdx.x]);
   T* token = x + blockIdx.x * token_stride;
   for (int p = threadIdx.x; p < heads * half; p += blockDim.x) {
     const int h = p / half, i = p % half;
-    float s, c;
-    sincosf(pos * inv_freq[i], &s, &c);
+    float c, s;
+    rope_cos_sin(pos, inv_freq[i], &c, &s);
     T* v = token + h * head_dim;
     const int a = interleaved ? 2 * i : i;
     const int b = interleaved ? 2 * i + 1 : i + half;
-    const float x0 = to_float(v[a]), x1 = to_float(v[b]);
-    v[a] = from_float<T>(x0 * c - x1 * s);
-    v[b] = from_float<T>(x1 * c + x0 * s);
+    float y0, y1;
+    rope_rotate(to_float(v[a]), to_float(v[b]), c, s, &y0, &y1);
+    v[a] = from_float<T>(y0);
+    v[b] = from_float<T>(y1);
   }
+}
+
+// Fused q/k/v preparation for attention (qkv_to_attention_inputs): the decode
+// step ran head_rms_norm(q), head_rms_norm(k), rope(q), rope(k) and three
+// convert_rows per layer, 7 launches of ~2-3 us each (280 per step of a
+// 40-layer model, a measurable share of a ~9 ms decode step even in a CUDA
+// graph), for a few KB of data. This is the same arithmetic in one launch.
+//
+// Grid: (token, group of kQkvWarps head vectors); one warp per head vector of
+// the fused row (q heads, then k heads, then v heads). Each warp reproduces the
+// separate kernels exactly: the norm's lane i sums elements i, i + 32, ... in
+// order and the same butterfly reduction follows; the norm's result is rounded
+// to T (as head_rms_norm stores it) before RoPE, RoPE's result is rounded to T
+// (as rope stores it) before the widening to f32. The CTA computes each pair's
+// (cos, sin) once into shared memory, for all its heads.
+constexpr int kQkvWarps = 4;
+constexpr int kQkvMaxHeadDim = 256;
+
+template <typename T>
+__device__ __forceinline__ float round_to(float v) {
+  return to_float(from_float<T>(v));
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kQkvWarps * 32)
+    qkv_to_attention_inputs_kernel(const T* qkv, int64_t token_stride, int heads, int kv_heads, int head_dim,
+                                   const T* q_norm, const T* k_norm, float eps, const int32_t* positions,
+                                   const float* inv_freq, bool interleaved, float* q_out, float* k_out,
+                                   float* v_out) {
+  cuda::pdl_wait();  // PDL: see the file comment
+  cuda::pdl_launch_dependents();
+  __shared__ float cos_sin[2][kQkvMaxHeadDim / 2];
+  __shared__ float vec[kQkvWarps][kQkvMaxHeadDim];
+  const int half = head_dim / 2;
+  const int64_t token = blockIdx.x;
+  const int first_head = static_cast<int>(blockIdx.y) * kQkvWarps;
+  if (first_head < heads + kv_heads) {  // uniform over the CTA: all-V CTAs need no angles
+    const float pos = static_cast<float>(positions[token]);
+    for (int i = threadIdx.x; i < half; i += blockDim.x)
+      rope_cos_sin(pos, inv_freq[i], &cos_sin[0][i], &cos_sin[1][i]);
+  }
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int head = first_head + warp;
+  if (head >= heads + 2 * kv_heads) return;
+  const T* in = qkv + token * token_stride + static_cast<int64_t>(head) * head_dim;
+  if (head >= heads + kv_heads) {  // v: widened as it is
+    float* out = v_out + (token * kv_heads + (head - heads - kv_heads)) * head_dim;
+    for (int i = lane; i < head_dim; i += 32) out[i] = to_float(in[i]);
+    return;
+  }
+  const bool is_q = head < heads;
+  const T* w = is_q ? q_norm : k_norm;
+  float* out =
+      is_q ? q_out + (token * heads + head) * head_dim : k_out + (token * kv_heads + head - heads) * head_dim;
+  float* v = vec[warp];
+  if (w != nullptr) {  // head_rms_norm_kernel's arithmetic, element for element
+    float sum_sq = 0.0f;
+    for (int i = lane; i < head_dim; i += 32) {
+      const float f = to_float(in[i]);
+      v[i] = f;
+      sum_sq = sum_sq_step(sum_sq, f);
+    }
+    for (int offset = 16; offset > 0; offset >>= 1) sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, offset);
+    const float inv_rms = head_inv_rms(sum_sq, head_dim, eps);
+    for (int i = lane; i < head_dim; i += 32) v[i] = round_to<T>(norm_scale(v[i], inv_rms, to_float(w[i])));
+  } else {
+    for (int i = lane; i < head_dim; i += 32) v[i] = to_float(in[i]);
+  }
+  __syncwarp();
+  // rope_kernel's arithmetic; each lane rotates its pairs in place (the pairs
+  // are disjoint), then the warp writes the vector out in coalesced order.
+  for (int i = lane; i < half; i += 32) {
+    const int a = interleaved ? 2 * i : i;
+    const int b = interleaved ? 2 * i + 1 : i + half;
+    float y0, y1;
+    rope_rotate(v[a], v[b], cos_sin[0][i], cos_sin[1][i], &y0, &y1);
+    v[a] = round_to<T>(y0);
+    v[b] = round_to<T>(y1);
+  }
+  __syncwarp();
+  for (int i = lane; i < head_dim; i += 32) out[i] = v[i];
 }
 
 template <typename T>
 __global__ void silu_mul_kernel(const T* gate, const T* up, int64_t row_stride, int64_t tokens, int64_t width,
                                 T* out) {
+  cuda::pdl_wait();  // PDL: see the file comment
+  cuda::pdl_launch_dependents();
   const int64_t n = tokens * width;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -147,6 +273,8 @@ __global__ void silu_mul_kernel(const T* gate, const T* up, int64_t row_stride, 
 
 template <typename T>
 __global__ void embedding_kernel(const T* table, int64_t vocab, int64_t dim, const int32_t* ids, T* out) {
+  cuda::pdl_wait();  // PDL: see the file comment
+  cuda::pdl_launch_dependents();
   const int32_t id = ids[blockIdx.x];
   T* row = out + blockIdx.x * dim;
   const bool valid = id >= 0 && id < vocab;
@@ -164,6 +292,8 @@ __device__ __forceinline__ bool better(float v, int i, float best_v, int best_i)
 
 template <typename T>
 __global__ void argmax_kernel(const T* x, int64_t width, int32_t* out) {
+  cuda::pdl_wait();  // PDL: see the file comment
+  cuda::pdl_launch_dependents();
   __shared__ float values[32];
   __shared__ int indices[32];
   const T* row = x + blockIdx.x * width;
@@ -255,8 +385,8 @@ void rms_norm(const TensorView& x, const TensorView& w, float eps, const TensorV
   LOWBIT_REQUIRE(rows <= INT32_MAX, "rms_norm: too many rows");
   dispatch_float(x.dtype, [&](auto tag) {
     using T = decltype(tag);
-    rms_norm_kernel<T><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
-        x.as<const T>(), w.as<const T>(), eps, y.as<T>(), dim);
+    cuda::launch_with_pdl(rms_norm_kernel<T>, dim3(static_cast<unsigned>(rows)), dim3(kRowThreads), 0, stream,
+                          x.as<const T>(), w.as<const T>(), eps, y.as<T>(), dim);
     LOWBIT_CUDA_CHECK_LAUNCH();
   });
 }
@@ -279,8 +409,8 @@ void add_rms_norm(const TensorView& residual, const TensorView& x, const TensorV
   LOWBIT_REQUIRE(rows <= INT32_MAX, "add_rms_norm: too many rows");
   dispatch_float(residual.dtype, [&](auto tag) {
     using T = decltype(tag);
-    add_rms_norm_kernel<T><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
-        residual.as<T>(), x.as<const T>(), w.as<const T>(), eps, y.as<T>(), dim);
+    cuda::launch_with_pdl(add_rms_norm_kernel<T>, dim3(static_cast<unsigned>(rows)), dim3(kRowThreads), 0,
+                          stream, residual.as<T>(), x.as<const T>(), w.as<const T>(), eps, y.as<T>(), dim);
     LOWBIT_CUDA_CHECK_LAUNCH();
   });
 }
@@ -307,8 +437,9 @@ void head_rms_norm(const TensorView& x, const TensorView& w, float eps, cudaStre
   const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>((heads + kWarps - 1) / kWarps));
   dispatch_float(x.dtype, [&](auto tag) {
     using T = decltype(tag);
-    head_rms_norm_kernel<T><<<grid, kWarps * 32, 0, stream>>>(
-        x.as<T>(), x.strides[0], static_cast<int>(heads), static_cast<int>(head_dim), w.as<const T>(), eps);
+    cuda::launch_with_pdl(head_rms_norm_kernel<T>, dim3(grid), dim3(kWarps * 32), 0, stream, x.as<T>(),
+                          x.strides[0], static_cast<int>(heads), static_cast<int>(head_dim), w.as<const T>(),
+                          eps);
     LOWBIT_CUDA_CHECK_LAUNCH();
   });
 }
@@ -325,8 +456,8 @@ void convert_rows(const TensorView& src, const TensorView& dst, cudaStream_t str
     using S = decltype(src_tag);
     dispatch_float(dst.dtype, [&](auto dst_tag) {
       using D = decltype(dst_tag);
-      convert_rows_kernel<S, D><<<grid_1d(rows * cols, 256), 256, 0, stream>>>(
-          src.as<const S>(), src.strides[0], rows, cols, dst.as<D>());
+      cuda::launch_with_pdl(convert_rows_kernel<S, D>, dim3(grid_1d(rows * cols, 256)), dim3(256), 0, stream,
+                            src.as<const S>(), src.strides[0], rows, cols, dst.as<D>());
       LOWBIT_CUDA_CHECK_LAUNCH();
     });
   });
@@ -348,9 +479,71 @@ void rope(const TensorView& x, const TensorView& positions, const TensorView& in
   LOWBIT_REQUIRE(tokens <= INT32_MAX && heads <= 4096, "rope: too many tokens or heads");
   dispatch_float(x.dtype, [&](auto tag) {
     using T = decltype(tag);
-    rope_kernel<T><<<static_cast<unsigned>(tokens), 256, 0, stream>>>(
-        x.as<T>(), x.strides[0], static_cast<int>(heads), static_cast<int>(head_dim),
-        positions.as<const int32_t>(), inv_freq.as<const float>(), style == RopeStyle::interleaved);
+    cuda::launch_with_pdl(rope_kernel<T>, dim3(static_cast<unsigned>(tokens)), dim3(256), 0, stream,
+                          x.as<T>(), x.strides[0], static_cast<int>(heads), static_cast<int>(head_dim),
+                          positions.as<const int32_t>(), inv_freq.as<const float>(),
+                          style == RopeStyle::interleaved);
+    LOWBIT_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void qkv_to_attention_inputs(const TensorView& qkv, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                             const TensorView* q_norm, const TensorView* k_norm, float eps,
+                             const TensorView& positions, const TensorView& inv_freq, RopeStyle style,
+                             const TensorView& q_out, const TensorView& k_out, const TensorView& v_out,
+                             cudaStream_t stream) {
+  check_device(qkv, "qkv_to_attention_inputs qkv");
+  check_device(positions, "qkv_to_attention_inputs positions");
+  check_device(inv_freq, "qkv_to_attention_inputs inv_freq");
+  check_device(q_out, "qkv_to_attention_inputs q_out");
+  check_device(k_out, "qkv_to_attention_inputs k_out");
+  check_device(v_out, "qkv_to_attention_inputs v_out");
+  LOWBIT_REQUIRE(num_heads > 0 && num_kv_heads > 0 && num_heads <= 4096 && num_kv_heads <= 4096,
+                 "qkv_to_attention_inputs: num_heads and num_kv_heads must be in [1, 4096], got ", num_heads,
+                 " and ", num_kv_heads);
+  LOWBIT_REQUIRE(head_dim > 0 && head_dim % 2 == 0 && head_dim <= kQkvMaxHeadDim,
+                 "qkv_to_attention_inputs: head_dim must be even and in [2, ", kQkvMaxHeadDim, "], got ",
+                 head_dim);
+  const int64_t width = (num_heads + 2 * num_kv_heads) * head_dim;
+  LOWBIT_REQUIRE(qkv.rank == 2 && qkv.strides[1] == 1 && qkv.strides[0] >= qkv.shape[1],
+                 "qkv_to_attention_inputs qkv must be [tokens, width] with unit column stride, got ",
+                 qkv.shape_string());
+  LOWBIT_REQUIRE(qkv.shape[1] == width, "qkv_to_attention_inputs qkv has ", qkv.shape[1],
+                 " columns, expected (num_heads + 2 * num_kv_heads) * head_dim = ", width);
+  LOWBIT_REQUIRE(qkv.dtype == DType::f32 || qkv.dtype == DType::f16 || qkv.dtype == DType::bf16,
+                 "qkv_to_attention_inputs qkv must be f32, f16 or bf16, not ", dtype_name(qkv.dtype));
+  const int64_t tokens = qkv.shape[0];
+  for (const TensorView* w : {q_norm, k_norm}) {
+    if (w == nullptr) continue;
+    check_device(*w, "qkv_to_attention_inputs q/k norm weight");
+    LOWBIT_REQUIRE(w->rank == 1 && w->shape[0] == head_dim,
+                   "qkv_to_attention_inputs q/k norm weight must be [head_dim], got ", w->shape_string());
+    check_float_dtype(*w, qkv.dtype, "qkv_to_attention_inputs q/k norm weight");
+  }
+  LOWBIT_REQUIRE(positions.dtype == DType::i32 && positions.rank == 1 && positions.shape[0] == tokens,
+                 "qkv_to_attention_inputs positions must be i32 [tokens]");
+  LOWBIT_REQUIRE(inv_freq.dtype == DType::f32 && inv_freq.numel() == head_dim / 2,
+                 "qkv_to_attention_inputs inv_freq must be f32 [head_dim / 2]");
+  check_rows(q_out, tokens, num_heads * head_dim, "qkv_to_attention_inputs q_out");
+  check_rows(k_out, tokens, num_kv_heads * head_dim, "qkv_to_attention_inputs k_out");
+  check_rows(v_out, tokens, num_kv_heads * head_dim, "qkv_to_attention_inputs v_out");
+  check_float_dtype(q_out, DType::f32, "qkv_to_attention_inputs q_out");
+  check_float_dtype(k_out, DType::f32, "qkv_to_attention_inputs k_out");
+  check_float_dtype(v_out, DType::f32, "qkv_to_attention_inputs v_out");
+  if (tokens == 0) return;
+  LOWBIT_REQUIRE(tokens <= INT32_MAX, "qkv_to_attention_inputs: too many tokens");
+  const int64_t vectors = num_heads + 2 * num_kv_heads;
+  const dim3 grid(static_cast<unsigned>(tokens),
+                  static_cast<unsigned>((vectors + kQkvWarps - 1) / kQkvWarps));
+  dispatch_float(qkv.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    cuda::launch_with_pdl(
+        qkv_to_attention_inputs_kernel<T>, dim3(grid), dim3(kQkvWarps * 32), 0, stream, qkv.as<const T>(),
+        qkv.strides[0], static_cast<int>(num_heads), static_cast<int>(num_kv_heads),
+        static_cast<int>(head_dim), q_norm != nullptr ? q_norm->as<const T>() : nullptr,
+        k_norm != nullptr ? k_norm->as<const T>() : nullptr, eps, positions.as<const int32_t>(),
+        inv_freq.as<const float>(), style == RopeStyle::interleaved, q_out.as<float>(), k_out.as<float>(),
+        v_out.as<float>());
     LOWBIT_CUDA_CHECK_LAUNCH();
   });
 }
@@ -369,8 +562,8 @@ void silu_mul(const TensorView& gate, const TensorView& up, const TensorView& ou
   if (tokens == 0 || width == 0) return;
   dispatch_float(gate.dtype, [&](auto tag) {
     using T = decltype(tag);
-    silu_mul_kernel<T><<<grid_1d(tokens * width, 256), 256, 0, stream>>>(
-        gate.as<const T>(), up.as<const T>(), gate.strides[0], tokens, width, out.as<T>());
+    cuda::launch_with_pdl(silu_mul_kernel<T>, dim3(grid_1d(tokens * width, 256)), dim3(256), 0, stream,
+                          gate.as<const T>(), up.as<const T>(), gate.strides[0], tokens, width, out.as<T>());
     LOWBIT_CUDA_CHECK_LAUNCH();
   });
 }
@@ -389,8 +582,8 @@ void embedding(const TensorView& table, const TensorView& ids, const TensorView&
   LOWBIT_REQUIRE(tokens <= INT32_MAX, "embedding: too many tokens");
   dispatch_float(table.dtype, [&](auto tag) {
     using T = decltype(tag);
-    embedding_kernel<T><<<static_cast<unsigned>(tokens), 256, 0, stream>>>(
-        table.as<const T>(), vocab, dim, ids.as<const int32_t>(), out.as<T>());
+    cuda::launch_with_pdl(embedding_kernel<T>, dim3(static_cast<unsigned>(tokens)), dim3(256), 0, stream,
+                          table.as<const T>(), vocab, dim, ids.as<const int32_t>(), out.as<T>());
     LOWBIT_CUDA_CHECK_LAUNCH();
   });
 }
@@ -406,8 +599,8 @@ void argmax(const TensorView& x, const TensorView& out, cudaStream_t stream) {
   LOWBIT_REQUIRE(rows <= INT32_MAX, "argmax: too many rows");
   dispatch_float(x.dtype, [&](auto tag) {
     using T = decltype(tag);
-    argmax_kernel<T>
-        <<<static_cast<unsigned>(rows), 1024, 0, stream>>>(x.as<const T>(), width, out.as<int32_t>());
+    cuda::launch_with_pdl(argmax_kernel<T>, dim3(static_cast<unsigned>(rows)), dim3(1024), 0, stream,
+                          x.as<const T>(), width, out.as<int32_t>());
     LOWBIT_CUDA_CHECK_LAUNCH();
   });
 }

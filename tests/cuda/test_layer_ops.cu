@@ -221,6 +221,213 @@ TEST(LayerOpsCuda, HeadRmsNormOnFusedQkvSlice) {
   }
 }
 
+// qkv_to_attention_inputs against (a) the separate kernels it replaces in the
+// engine (head_rms_norm, rope, convert_rows): bit for bit, and (b) the fp32
+// references composed on the host.
+struct QkvCase {
+  DType dtype;
+  int64_t head_dim;
+  RopeStyle style;
+  bool qk_norm;
+};
+
+std::string describe(const QkvCase& c) {
+  return std::string(dtype_name(c.dtype)) + " head_dim " + std::to_string(c.head_dim) + " " +
+         rope_style_name(c.style) + (c.qk_norm ? " with q/k norm" : " without q/k norm");
+}
+
+// The same bits (NaN == NaN, -0 != +0): what "the same kernels' arithmetic" means.
+::testing::AssertionResult same_bits(const std::vector<float>& got, const std::vector<float>& want) {
+  if (got.size() != want.size())
+    return ::testing::AssertionFailure() << "size " << got.size() << " vs " << want.size();
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::memcmp(&got[i], &want[i], 4) != 0)
+      return ::testing::AssertionFailure() << "element " << i << ": got " << got[i] << ", want " << want[i];
+  }
+  return ::testing::AssertionSuccess();
+}
+
+TEST(LayerOpsCuda, QkvToAttentionInputsMatchesSeparateKernelsAndReference) {
+  LOWBIT_REQUIRE_GPU();
+  // GQA (3 q heads per kv head), a row stride beyond the fused width, and
+  // positions from 0 to 128k (large angles: sincosf's slow path).
+  const int64_t tokens = 5, heads = 6, kv_heads = 2, pad = 24;
+  const float eps = 1e-6f;
+  const std::vector<int32_t> positions = {0, 1, 17, 4095, 131071};
+  Buffer dpos(positions.size() * 4, Device::cuda);
+  Buffer::copy(dpos.data(), Device::cuda, positions.data(), Device::cpu, dpos.size());
+  const TensorView pos_view = TensorView::contiguous(dpos.data(), DType::i32, {tokens}, Device::cuda);
+  std::vector<QkvCase> cases;
+  for (DType dtype : kFloatTypes)
+    for (int64_t d : {64, 128})
+      for (RopeStyle style : {RopeStyle::half, RopeStyle::interleaved})
+        for (bool qk_norm : {false, true}) cases.push_back({dtype, d, style, qk_norm});
+  for (const QkvCase& c : cases) {
+    SCOPED_TRACE(describe(c));
+    const int64_t d = c.head_dim, q_dim = heads * d, kv_dim = kv_heads * d;
+    const int64_t width = q_dim + 2 * kv_dim, stride = width + pad;
+    std::vector<float> inv_freq(static_cast<size_t>(d / 2));
+    for (int64_t i = 0; i < d / 2; ++i)
+      inv_freq[i] = std::pow(1e6f, -2.0f * static_cast<float>(i) / static_cast<float>(d));
+    Buffer dfreq(inv_freq.size() * 4, Device::cuda);
+    Buffer::copy(dfreq.data(), Device::cuda, inv_freq.data(), Device::cpu, dfreq.size());
+    const TensorView freq_view = TensorView::contiguous(dfreq.data(), DType::f32, {d / 2}, Device::cuda);
+
+    const auto qkv = round_to(c.dtype, random_values(static_cast<size_t>(tokens * stride), 21, 2.0f));
+    auto q_w = random_values(static_cast<size_t>(d), 22, 0.3f),
+         k_w = random_values(static_cast<size_t>(d), 23, 0.3f);
+    for (auto* w : {&q_w, &k_w})
+      for (auto& x : *w) x += 1.0f;  // norm weights near 1, as trained ones are
+    q_w = round_to(c.dtype, q_w);
+    k_w = round_to(c.dtype, k_w);
+    const auto dq_w = upload(c.dtype, q_w), dk_w = upload(c.dtype, k_w);
+    const TensorView q_w_view = view(dq_w, {d}), k_w_view = view(dk_w, {d});
+    auto strided = [&](const DeviceArray& a, int64_t offset, std::initializer_list<int64_t> shape) {
+      TensorView t = TensorView::contiguous(
+          static_cast<char*>(a.buffer.data()) + dtype_bytes(c.dtype, static_cast<size_t>(offset)), c.dtype,
+          shape, Device::cuda);
+      t.strides[0] = stride;
+      return t;
+    };
+
+    // The fused kernel.
+    const auto fused_qkv = upload(c.dtype, qkv);
+    const auto q = poisoned(DType::f32, tokens * q_dim), k = poisoned(DType::f32, tokens * kv_dim),
+               v = poisoned(DType::f32, tokens * kv_dim);
+    qkv_to_attention_inputs(strided(fused_qkv, 0, {tokens, width}), heads, kv_heads, d,
+                            c.qk_norm ? &q_w_view : nullptr, c.qk_norm ? &k_w_view : nullptr, eps, pos_view,
+                            freq_view, c.style, view(q, {tokens, q_dim}), view(k, {tokens, kv_dim}),
+                            view(v, {tokens, kv_dim}));
+    const auto got_q = download(q), got_k = download(k), got_v = download(v);
+    EXPECT_EQ(download(fused_qkv), qkv) << "qkv must be left unchanged";
+
+    // (a) The separate kernels, as the engine ran them: in place on qkv, then widened.
+    const auto old_qkv = upload(c.dtype, qkv);
+    const TensorView q_heads = strided(old_qkv, 0, {tokens, heads, d});
+    const TensorView k_heads = strided(old_qkv, q_dim, {tokens, kv_heads, d});
+    if (c.qk_norm) {
+      head_rms_norm(q_heads, q_w_view, eps);
+      head_rms_norm(k_heads, k_w_view, eps);
+    }
+    rope(q_heads, pos_view, freq_view, c.style);
+    rope(k_heads, pos_view, freq_view, c.style);
+    const auto old_q = poisoned(DType::f32, tokens * q_dim), old_k = poisoned(DType::f32, tokens * kv_dim),
+               old_v = poisoned(DType::f32, tokens * kv_dim);
+    convert_rows(strided(old_qkv, 0, {tokens, q_dim}), view(old_q, {tokens, q_dim}));
+    convert_rows(strided(old_qkv, q_dim, {tokens, kv_dim}), view(old_k, {tokens, kv_dim}));
+    convert_rows(strided(old_qkv, q_dim + kv_dim, {tokens, kv_dim}), view(old_v, {tokens, kv_dim}));
+    EXPECT_TRUE(same_bits(got_q, download(old_q))) << "q";
+    EXPECT_TRUE(same_bits(got_k, download(old_k))) << "k";
+    EXPECT_TRUE(same_bits(got_v, download(old_v))) << "v";
+
+    // (b) The fp32 references: per-head rms_norm_ref, then rope_ref, on
+    // exactly the values the kernel read.
+    std::vector<float> want_q(static_cast<size_t>(tokens * q_dim)),
+        want_k(static_cast<size_t>(tokens * kv_dim)), want_v(static_cast<size_t>(tokens * kv_dim));
+    for (int64_t t = 0; t < tokens; ++t) {
+      const auto row = std::span(qkv).subspan(static_cast<size_t>(t * stride), static_cast<size_t>(width));
+      std::copy_n(row.begin(), q_dim, want_q.begin() + t * q_dim);
+      std::copy_n(row.begin() + q_dim, kv_dim, want_k.begin() + t * kv_dim);
+      std::copy_n(row.begin() + q_dim + kv_dim, kv_dim, want_v.begin() + t * kv_dim);
+    }
+    if (c.qk_norm) {
+      const std::vector<float> q_in = want_q, k_in = want_k;
+      rms_norm_ref(q_in, q_w, tokens * heads, d, eps, want_q);
+      rms_norm_ref(k_in, k_w, tokens * kv_heads, d, eps, want_k);
+    }
+    const std::vector<float> q_rope_in = want_q, k_rope_in = want_k;
+    rope_ref(want_q, tokens, heads, d, q_dim, positions, inv_freq, c.style);
+    rope_ref(want_k, tokens, kv_heads, d, kv_dim, positions, inv_freq, c.style);
+    // The kernel rounds twice to the activation dtype (after the norm, after
+    // RoPE). The first rounding moves each rotated coordinate by at most
+    // sqrt(2) * 2^-11 (f16; 2^-8 bf16) of the largest magnitude m of its head's
+    // RoPE input, so the bound per element is rtol * |want| + rtol * m (rtol
+    // is twice the half-ulp), checked head by head.
+    const double rtol = rtol_for(c.dtype);
+    auto check = [&](const std::vector<float>& got, const std::vector<float>& want,
+                     const std::vector<float>& in, const char* what) -> ::testing::AssertionResult {
+      for (size_t h = 0; h * d < want.size(); ++h) {
+        double m = 0;
+        for (int64_t i = 0; i < d; ++i) m = std::max(m, std::abs(static_cast<double>(in[h * d + i])));
+        for (int64_t i = 0; i < d; ++i) {
+          const size_t e = h * d + i;
+          const double err = std::abs(static_cast<double>(got[e]) - want[e]);
+          if (!(err <= rtol * (std::abs(want[e]) + m)))
+            return ::testing::AssertionFailure()
+                   << what << " element " << e << " (head vector " << h << "): got " << got[e] << ", want "
+                   << want[e] << ", head max " << m;
+        }
+      }
+      return ::testing::AssertionSuccess();
+    };
+    EXPECT_TRUE(check(got_q, want_q, q_rope_in, "q"));
+    EXPECT_TRUE(check(got_k, want_k, k_rope_in, "k"));
+    EXPECT_TRUE(same_bits(got_v, want_v)) << "v is widened exactly";
+  }
+}
+
+TEST(LayerOpsCuda, QkvToAttentionInputsRejectsBadArguments) {
+  LOWBIT_REQUIRE_GPU();
+  const int64_t tokens = 2, heads = 4, kv_heads = 2, d = 64;
+  const int64_t q_dim = heads * d, kv_dim = kv_heads * d, width = q_dim + 2 * kv_dim;
+  const auto qkv = poisoned(DType::f16, tokens * (width + 2)), w = poisoned(DType::f16, d);
+  const auto q = poisoned(DType::f32, tokens * q_dim), k = poisoned(DType::f32, tokens * kv_dim),
+             v = poisoned(DType::f32, tokens * kv_dim), q16 = poisoned(DType::f16, tokens * q_dim);
+  const auto pos = poisoned(DType::i32, tokens), freq = poisoned(DType::f32, d / 2);
+  const TensorView w_view = view(w, {d});
+  auto call = [&](const TensorView& x, int64_t head_dim, const TensorView& q_out, const TensorView& k_out) {
+    qkv_to_attention_inputs(x, heads, kv_heads, head_dim, &w_view, &w_view, 1e-6f, view(pos, {tokens}),
+                            view(freq, {d / 2}), RopeStyle::half, q_out, k_out, view(v, {tokens, kv_dim}));
+  };
+  // The valid call, for contrast (the buffers hold NaN; nothing is checked).
+  EXPECT_NO_THROW(call(view(qkv, {tokens, width}), d, view(q, {tokens, q_dim}), view(k, {tokens, kv_dim})));
+  LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_TRUE(test::throws_error(
+      [&] {
+        call(view(qkv, {tokens, width + 2}), d, view(q, {tokens, q_dim}), view(k, {tokens, kv_dim}));
+      },
+      ErrorKind::invalid_argument, "columns"));
+  // An odd head_dim whose fused width matches: only the parity is wrong.
+  EXPECT_TRUE(test::throws_error(
+      [&] {
+        call(view(qkv, {tokens, (heads + 2 * kv_heads) * 63}), 63, view(q, {tokens, heads * 63}),
+             view(k, {tokens, kv_heads * 63}));
+      },
+      ErrorKind::invalid_argument, "head_dim must be even"));
+  EXPECT_TRUE(test::throws_error(
+      [&] {
+        call(view(qkv, {tokens, width}), d, view(q, {tokens, q_dim - 1}), view(k, {tokens, kv_dim}));
+      },
+      ErrorKind::invalid_argument, "q_out must be contiguous"));
+  EXPECT_TRUE(test::throws_error(
+      [&] {
+        call(view(qkv, {tokens, width}), d, view(q, {tokens, q_dim}), view(q, {tokens, kv_dim + d}));
+      },
+      ErrorKind::invalid_argument, "k_out must be contiguous"));
+  EXPECT_TRUE(test::throws_error(
+      [&] {
+        call(view(qkv, {tokens, width}), d, view(q16, {tokens, q_dim}), view(k, {tokens, kv_dim}));
+      },
+      ErrorKind::invalid_argument, "q_out is f16"));
+  const TensorView short_w = view(w, {d / 2});
+  EXPECT_TRUE(test::throws_error(
+      [&] {
+        qkv_to_attention_inputs(view(qkv, {tokens, width}), heads, kv_heads, d, nullptr, &short_w, 1e-6f,
+                                view(pos, {tokens}), view(freq, {d / 2}), RopeStyle::half,
+                                view(q, {tokens, q_dim}), view(k, {tokens, kv_dim}),
+                                view(v, {tokens, kv_dim}));
+      },
+      ErrorKind::invalid_argument, "norm weight must be [head_dim]"));
+  EXPECT_TRUE(test::throws_error(
+      [&] {
+        qkv_to_attention_inputs(view(qkv, {tokens, width}), heads, kv_heads, d, nullptr, nullptr, 1e-6f,
+                                view(pos, {tokens - 1}), view(freq, {d / 2}), RopeStyle::half,
+                                view(q, {tokens, q_dim}), view(k, {tokens, kv_dim}),
+                                view(v, {tokens, kv_dim}));
+      },
+      ErrorKind::invalid_argument, "positions must be i32 [tokens]"));
+}
+
 TEST(LayerOpsCuda, ConvertRowsRoundsOnceFromStridedRows) {
   LOWBIT_REQUIRE_GPU();
   const int64_t rows = 9, cols = 300, stride = 333;

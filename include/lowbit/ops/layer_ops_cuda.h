@@ -1,8 +1,9 @@
 // CUDA kernels for the element-wise and per-row operations of a decoder layer
 // (RMSNorm, fused residual add + RMSNorm, RoPE, SwiGLU, embedding lookup,
-// greedy argmax). Semantics and references: layer_ops_ref.h. All tensors are
-// device views of one dtype (f32, f16 or bf16; argmax ids and positions are
-// i32); arithmetic is fp32, each output rounded once. Asynchronous on `stream`.
+// greedy argmax, and q/k norm + RoPE + fp32 widening of a QKV output fused).
+// Semantics and references: layer_ops_ref.h. All tensors are device views of
+// one dtype (f32, f16 or bf16; argmax ids and positions are i32); arithmetic
+// is fp32, each output rounded once. Asynchronous on `stream`.
 //
 // These are memory-bound and small next to the GEMMs and attention; they are
 // written for clarity and one pass over their bytes, and their value is in
@@ -42,6 +43,24 @@ void convert_rows(const TensorView& src, const TensorView& dst, cudaStream_t str
 // inv_freq: [head_dim / 2] f32.
 void rope(const TensorView& x, const TensorView& positions, const TensorView& inv_freq, RopeStyle style,
           cudaStream_t stream = nullptr);
+
+// The inputs of the attention kernels from a fused QKV output, in one launch
+// (the decode step's per-layer q/k norm, RoPE and widening were 7 launches):
+// qkv: rank 2 [tokens, (num_heads + 2 * num_kv_heads) * head_dim], q heads
+// then k heads then v heads, unit column stride, any row stride; f32, f16 or
+// bf16. head_dim even, <= 256. q_norm / k_norm: [head_dim] in qkv's dtype, or
+// null for no per-head norm (Qwen3 has them, Llama not). positions: [tokens]
+// i32; inv_freq: [head_dim / 2] f32. q_out [tokens, num_heads * head_dim],
+// k_out and v_out [tokens, num_kv_heads * head_dim]: contiguous f32. The
+// result equals, bit for bit, head_rms_norm on the q and k heads (when a
+// weight is given), rope on both, then convert_rows of q, k and v to f32,
+// with the intermediate roundings to qkv's dtype that sequence has; qkv is
+// left unchanged.
+void qkv_to_attention_inputs(const TensorView& qkv, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                             const TensorView* q_norm, const TensorView* k_norm, float eps,
+                             const TensorView& positions, const TensorView& inv_freq, RopeStyle style,
+                             const TensorView& q_out, const TensorView& k_out, const TensorView& v_out,
+                             cudaStream_t stream = nullptr);
 
 // out[t, i] = silu(gate[t, i]) * up[t, i]. gate, up: rank 2 [tokens, width]
 // with unit column stride and any row stride (e.g. halves of a fused
