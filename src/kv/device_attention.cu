@@ -529,6 +529,10 @@ __device__ __forceinline__ void small_matmul(const float (*in)[kD], const float*
 // (row, KV head): M is read once for the whole group.
 __global__ void __launch_bounds__(kRotThreads) rotate_queries_kernel(const float* q, const float* m, float* out,
                                                                      int num_q_heads, int group, float scale_log2) {
+  // Launched with PDL itself: q is the previous kernel's output. The K/V
+  // pages the attention kernel prefetches before its own wait were written by
+  // the append kernel before that one, complete once this wait returns.
+  cuda::pdl_wait();
   // The attention kernel may start now: it prefetches K/V and builds its
   // tables, then waits for this grid's writes before reading the queries.
   cuda::pdl_launch_dependents();
@@ -680,9 +684,8 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
   const size_t q_floats = static_cast<size_t>(rows) * num_q_heads * kD;
   float* q_rot = ws.q_rotated(q_floats);
   const bool k_rot = is_quantized(cfg.k_format), v_rot = is_quantized(cfg.v_format);
-  rotate_queries_kernel<<<dim3(rows, H), kRotThreads, 0, stream>>>(q, k_rot ? cache.rotation(layer) : nullptr,
-                                                                   q_rot, num_q_heads, group, scale * kLog2e);
-  LOWBIT_CUDA_CHECK_LAUNCH();
+  cuda::launch_with_pdl(rotate_queries_kernel, dim3(rows, H), dim3(kRotThreads), 0, stream, q,
+                        k_rot ? cache.rotation(layer) : nullptr, q_rot, num_q_heads, group, scale * kLog2e);
 
   AttnArgs a{};
   const PageLayout& l = cache.layout();

@@ -22,6 +22,7 @@
 
 #include "lowbit/core/error.h"
 #include "lowbit/cuda/check.h"
+#include "lowbit/cuda/pdl.cuh"
 
 namespace lowbit::kv {
 
@@ -227,6 +228,11 @@ __global__ void __launch_bounds__(kWriteThreads) write_kernel(WriteArgs a) {
   const bool haar = a.signs == nullptr;
   if (haar)
     for (int i = j; i < kD * kD; i += kWriteThreads) m_s[i] = a.rot[i];
+  // Programmatic dependent launch (lowbit/cuda/pdl.cuh): the rotation, which
+  // no kernel writes, was loaded above while the previous kernel finished;
+  // k/v and the cache pages are touched only after it completed.
+  cuda::pdl_wait();
+  cuda::pdl_launch_dependents();
   const int H = a.num_kv_heads;
   const int64_t items = a.n_tokens * H * 2;
   const int64_t batches = (items + kWriteVectors - 1) / kWriteVectors;
@@ -409,8 +415,7 @@ void launch_write(const DeviceKvCache& cache, int layer, const DeviceBlockTables
   // Each CTA loads M (64 KB) once: few enough CTAs that this stays small
   // beside the K/V traffic, enough for every SM to hold two.
   const int grid = static_cast<int>(std::min<int64_t>(batches, 2 * int64_t{sms}));
-  write_kernel<<<grid, kWriteThreads, smem, stream>>>(a);
-  LOWBIT_CUDA_CHECK_LAUNCH();
+  cuda::launch_with_pdl(write_kernel, dim3(grid), dim3(kWriteThreads), smem, stream, a);
 }
 
 }  // namespace

@@ -549,9 +549,6 @@ int resident_ctas(int rows_per_pass, bool bf16, int device) {
 
 bool w4a16_wgmma_available(int device) { return w4a16_detail::wgmma_supported(device); }
 
-// Up to this many rows `auto` runs the gemv kernel (see w4a16_plan).
-constexpr int64_t kAutoGemvMaxRows = 8;
-
 W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& options) {
   W4A16Plan plan{options.strategy, 1, M <= 16 ? 16 : (M <= 32 ? 32 : 64)};
   const bool bf16 = w.act_dtype() == DType::bf16;
@@ -568,9 +565,10 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
     // Without sm_90a: the fused mma.sync kernel up to 64 rows, then the
     // decoupled GEMM (cheaper than re-reading the weights every 64 rows).
     // The H100 measurements behind this: docs/w4a16-gemm.md.
-    if (M <= kAutoGemvMaxRows) {
-      plan.strategy = W4A16Strategy::gemv;
-    } else if (w4a16_wgmma_available(w.device())) {
+    // The gemv strategy is not chosen: on the H100 it lost to wgmma at every
+    // M from 1 to 16 (geometric mean 1.71x vs 2.11x cuBLAS at M = 1, the
+    // weight stream reached 1.3-1.6 TB/s against wgmma's 2.0; docs/w4a16-gemm.md).
+    if (w4a16_wgmma_available(w.device())) {
       plan.strategy = W4A16Strategy::wgmma;
       if (M > 512) {
         const int rows = w4a16_detail::wgmma_rows_per_tile(M);

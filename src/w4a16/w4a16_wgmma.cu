@@ -46,6 +46,7 @@
 
 #include "lowbit/core/error.h"
 #include "lowbit/cuda/check.h"
+#include "lowbit/cuda/pdl.cuh"
 #include "w4a16_device.cuh"
 #include "w4a16_wgmma.h"
 #include "wgmma_ops.cuh"
@@ -191,11 +192,12 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>)
   // contiguous, and so are a group's scale/zero pairs of those columns.
   const int tile_blocks = min(2, n_blocks - static_cast<int>(blockIdx.y) * 2);
   const uint32_t w_bytes = tile_blocks * 128 * 16, sz_bytes = tile_blocks * 64 * 4;
-  auto produce = [&](int i) {
+  // The weights and scales of stage i (and the stage's whole byte count);
+  // x separately, since only x depends on the kernels before this one.
+  auto produce_weights = [&](int i) {
     const int s = i % kStages, it = it_begin + i, k0 = it * 64;
     if (i >= kStages) mbar_wait(&empty[s], ((i / kStages) + 1) & 1);
     mbar_arrive_expect_tx(&full[s], S::kXBytes + w_bytes + 2 * sz_bytes);
-    tma_load_x(stage_x(s), &x_map, k0, m0, &full[s]);
     bulk_load(stage_w(s), args.qweight + (static_cast<int64_t>(it) * n_blocks + blockIdx.y * 2) * 128,
               w_bytes, &full[s]);
 #pragma unroll
@@ -206,8 +208,24 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>)
                 &full[s]);
     }
   };
+  auto produce_x = [&](int i) {
+    const int s = i % kStages;
+    tma_load_x(stage_x(s), &x_map, (it_begin + i) * 64, m0, &full[s]);
+  };
+  auto produce = [&](int i) {
+    produce_weights(i);
+    produce_x(i);
+  };
+  // Programmatic dependent launch (lowbit/cuda/pdl.cuh): the first stages'
+  // weights, which no kernel writes, are requested before waiting for the
+  // previous kernel; x, y and the split-K workspace only after it. At decode
+  // this hides the pipeline's fill latency behind the previous kernel's tail.
   if (tid == 0)
-    for (int i = 0; i < kAhead && i < n; ++i) produce(i);
+    for (int i = 0; i < kAhead && i < n; ++i) produce_weights(i);
+  cuda::pdl_wait();
+  cuda::pdl_launch_dependents();
+  if (tid == 0)
+    for (int i = 0; i < kAhead && i < n; ++i) produce_x(i);
   const int col0 = warp * 16 + g, col1 = col0 + 8;  // this lane's columns within the 64-column block
   const bool one_group = args.group_shift < 0 || args.group_shift >= 6;
   const uint32_t smem_base = smem_address(smem);
@@ -382,7 +400,7 @@ void launch_typed(const WgmmaArgs& args, cudaStream_t stream) {
   const CUtensorMap map = x_tensor_map(args, kMTile, std::is_same_v<T, __nv_bfloat16>);
   const dim3 grid(static_cast<unsigned>((args.M + kMTile - 1) / kMTile),
                   static_cast<unsigned>((args.N_pad + 127) / 128), static_cast<unsigned>(args.split_k));
-  kernel<<<grid, kThreads, Smem<kMTile>::kBytes, stream>>>(map, args);
+  cuda::launch_with_pdl(kernel, grid, dim3(kThreads), static_cast<size_t>(Smem<kMTile>::kBytes), stream, map, args);
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
 
