@@ -502,12 +502,15 @@ W4A16Workspace::~W4A16Workspace() {
   if (cublas_ != nullptr) cublasDestroy(static_cast<cublasHandle_t>(cublas_));
 }
 
-void* W4A16Workspace::scratch(int slot, size_t bytes, bool zeroed, int device) {
+void* W4A16Workspace::scratch(int slot, size_t bytes, bool zeroed, int device, cudaStream_t stream) {
   Slot& s = slots_[slot];
   if (s.buffer.size() < bytes || s.buffer.device_index() != device || s.zeroed != zeroed) {
     s.buffer = Buffer(std::max<size_t>(bytes, 256), Device::cuda, device);
     s.zeroed = zeroed;
-    if (zeroed) LOWBIT_CUDA_CHECK(cudaMemset(s.buffer.data(), 0, s.buffer.size()));
+    // On the caller's stream: a plain cudaMemset runs on the legacy default
+    // stream, which a non-blocking stream (the engine's) does not wait for,
+    // so the first kernel could read the counters before they were zeroed.
+    if (zeroed) LOWBIT_CUDA_CHECK(cudaMemsetAsync(s.buffer.data(), 0, s.buffer.size(), stream));
   }
   return s.buffer.data();
 }
@@ -669,7 +672,7 @@ void w4a16_gemm(const TensorView& x, const W4A16Weights& w, const TensorView& y,
   const void* xin = x.data;
   int64_t ldx = x.strides[0];
   if (w.act_order()) {
-    void* xp = workspace.scratch(0, static_cast<size_t>(M * w.K()) * elem, false, w.device());
+    void* xp = workspace.scratch(0, static_cast<size_t>(M * w.K()) * elem, false, w.device(), stream);
     const int64_t total = M * w.K();
     const int threads = 256;
     const unsigned blocks = static_cast<unsigned>((total + threads - 1) / threads);
@@ -689,7 +692,8 @@ void w4a16_gemm(const TensorView& x, const W4A16Weights& w, const TensorView& y,
   const int rows_per_group = static_cast<int>(w.group_size() > 0 ? w.group_size() : w.K_padded());
 
   if (plan.strategy == W4A16Strategy::decoupled) {
-    void* wf = workspace.scratch(1, static_cast<size_t>(w.K_padded() * w.N_padded()) * elem, false, w.device());
+    void* wf = workspace.scratch(1, static_cast<size_t>(w.K_padded() * w.N_padded()) * elem, false, w.device(),
+                                 stream);
     const unsigned blocks = static_cast<unsigned>((w.N_padded() / 64) * iters);
     auto q = static_cast<const uint4*>(w.qweight());
     const int np = static_cast<int>(w.N_padded());
@@ -746,8 +750,9 @@ void w4a16_gemm(const TensorView& x, const W4A16Weights& w, const TensorView& y,
       // Slot 2: the ordered partials; slot 3: one counter per tile (kept zero).
       a.partial = static_cast<float*>(workspace.scratch(
           2, static_cast<size_t>(M * w.N_padded()) * static_cast<size_t>(plan.split_k) * sizeof(float), false,
-          w.device()));
-      a.counters = static_cast<int*>(workspace.scratch(3, static_cast<size_t>(tiles) * sizeof(int), true, w.device()));
+          w.device(), stream));
+      a.counters = static_cast<int*>(
+          workspace.scratch(3, static_cast<size_t>(tiles) * sizeof(int), true, w.device(), stream));
     }
     w4a16_detail::launch_wgmma(a, plan.rows_per_pass, bf16, w.float_zero(), stream);
     return;
@@ -773,9 +778,9 @@ void w4a16_gemm(const TensorView& x, const W4A16Weights& w, const TensorView& y,
       // Slot 2: the ordered partials; slot 3: one counter per (pass, block), kept zero.
       a.partial = static_cast<float*>(workspace.scratch(
           2, static_cast<size_t>(M * w.N_padded()) * static_cast<size_t>(plan.split_k) * sizeof(float), false,
-          w.device()));
+          w.device(), stream));
       a.counters = static_cast<int*>(workspace.scratch(
-          3, static_cast<size_t>(passes * (w.N_padded() / 64)) * sizeof(int), true, w.device()));
+          3, static_cast<size_t>(passes * (w.N_padded() / 64)) * sizeof(int), true, w.device(), stream));
     }
     w4a16_detail::launch_gemv(a, bf16, w.float_zero(), stream);
     return;
@@ -814,9 +819,11 @@ void w4a16_gemm(const TensorView& x, const W4A16Weights& w, const TensorView& y,
     const size_t partial_floats =
         static_cast<size_t>(M * w.N_padded()) * (ordered ? static_cast<size_t>(args.split_k) : 1);
     // Slot 2: the atomic sums (kept zero) or the ordered partials; slot 3: counters (kept zero).
-    args.partial = static_cast<float*>(workspace.scratch(2, partial_floats * sizeof(float), !ordered, w.device()));
+    args.partial =
+        static_cast<float*>(workspace.scratch(2, partial_floats * sizeof(float), !ordered, w.device(), stream));
     args.counters = static_cast<int*>(workspace.scratch(
-        3, static_cast<size_t>(m_passes) * static_cast<size_t>(w.N_padded() / 64) * sizeof(int), true, w.device()));
+        3, static_cast<size_t>(m_passes) * static_cast<size_t>(w.N_padded() / 64) * sizeof(int), true, w.device(),
+        stream));
   }
   if (bf16) {
     if (w.float_zero())

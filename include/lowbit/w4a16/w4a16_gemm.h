@@ -105,8 +105,9 @@ class W4A16Workspace {
   W4A16Workspace& operator=(const W4A16Workspace&) = delete;
 
   // Device memory of at least `bytes`, kept zero-filled between calls when
-  // `zeroed` (the atomic split-K restores zeros after use).
-  void* scratch(int slot, size_t bytes, bool zeroed, int device);
+  // `zeroed` (the atomic split-K restores zeros after use); a new buffer is
+  // zeroed on `stream`, the stream of the call that uses it.
+  void* scratch(int slot, size_t bytes, bool zeroed, int device, cudaStream_t stream);
   void* cublas_handle(int device);
 
  private:
