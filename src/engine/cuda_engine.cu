@@ -345,7 +345,6 @@ void CudaEngine::ensure_capacity(int64_t tokens, int64_t logit_rows) {
     q32_ = f32_rows(c.q_dim());
     k32_ = f32_rows(c.kv_dim());
     v32_ = f32_rows(c.kv_dim());
-    out32_ = f32_rows(c.q_dim());
     capacity_tokens_ = tokens;
   }
   if (logit_rows > capacity_logit_rows_) {
@@ -372,10 +371,13 @@ void CudaEngine::attention_layer(int layer, std::span<const StepRow> rows,
   const ModelConfig& c = model_.config;
   const int hq = static_cast<int>(c.num_heads);
   const bool decode = static_cast<int64_t>(rows.size()) == M;  // one token per row
+  // The attention output goes straight to fp16 (the o projection's input).
+  kv::DeviceDecodeOptions options;
   if (decode) {
     kv::device_append_tokens(*cache_, layer, tables, k32_.as<float>(), v32_.as<float>(), stream_);
-    kv::device_decode_attention(*cache_, layer, tables, hq, q32_.as<float>(), out32_.as<float>(),
-                                attention_workspace_, {}, stream_);
+    options.out_f16 = attn_.data();
+    kv::device_decode_attention(*cache_, layer, tables, hq, q32_.as<float>(), nullptr, attention_workspace_, options,
+                                stream_);
     return;
   }
   int64_t offset = 0;
@@ -384,9 +386,10 @@ void CudaEngine::attention_layer(int layer, std::span<const StepRow> rows,
     kv::device_write_tokens(*cache_, layer, tables, static_cast<int>(r), row.first_pos, row.n,
                             k32_.as<float>() + offset * c.kv_dim(), v32_.as<float>() + offset * c.kv_dim(),
                             stream_);
+    options.out_f16 = static_cast<std::byte*>(attn_.data()) + offset * c.q_dim() * 2;
     kv::device_prefill_attention(*cache_, layer, tables, static_cast<int>(r), row.first_pos, row.n, hq,
-                                 q32_.as<float>() + offset * c.q_dim(),
-                                 out32_.as<float>() + offset * c.q_dim(), attention_workspace_, {}, stream_);
+                                 q32_.as<float>() + offset * c.q_dim(), nullptr, attention_workspace_, options,
+                                 stream_);
     offset += row.n;
   }
 }
@@ -477,8 +480,6 @@ void CudaEngine::launch(const int32_t* d_tokens) {
                                  dev(k32_.data(), DType::f32, {M, c.kv_dim()}),
                                  dev(v32_.data(), DType::f32, {M, c.kv_dim()}), stream_);
     attention_layer(static_cast<int>(l), rows_, tables_, M);
-    ops::convert_rows(dev(out32_.data(), DType::f32, {M, c.q_dim()}),
-                      dev(attn_.data(), DType::f16, {M, c.q_dim()}), stream_);
     linear(L.o, attn_.data(), M, tmp_.data());
     ops::add_rms_norm(residual, tmp, dev(L.ffn_norm.data(), DType::f16, {c.hidden}), eps, normed, stream_);
     linear(L.gate_up, normed_.data(), M, gate_up_.data());

@@ -556,7 +556,7 @@ __global__ void __launch_bounds__(kRotThreads) rotate_queries_kernel(const float
 
 // out[row][qh] = sum_c 2^(lse_c - M) o_c / sum_c 2^(lse_c - M) over the row's
 // chunks, then @ M^T when V is rotated. In place when part_out == out (one chunk).
-__global__ void __launch_bounds__(kRotThreads) merge_kernel(AttnArgs a, const float* mt, float* out) {
+__global__ void __launch_bounds__(kRotThreads) merge_kernel(AttnArgs a, const float* mt, float* out, __half* out16) {
   cuda::pdl_wait();
   __shared__ float ys[kDeviceMaxGroup][kD];
   __shared__ float red[4][kDeviceMaxGroup][kD];
@@ -582,15 +582,19 @@ __global__ void __launch_bounds__(kRotThreads) merge_kernel(AttnArgs a, const fl
   }
   __syncthreads();
   const int64_t out_base = (static_cast<int64_t>(r) * a.num_q_heads + h * a.group) * kD;
+  auto store = [&](int t, float v) {
+    if (out16 != nullptr) out16[out_base + t] = __float2half_rn(v);
+    else out[out_base + t] = v;
+  };
   if (mt == nullptr) {
-    for (int t = threadIdx.x; t < a.group * kD; t += kRotThreads) out[out_base + t] = ys[t / kD][t % kD];
+    for (int t = threadIdx.x; t < a.group * kD; t += kRotThreads) store(t, ys[t / kD][t % kD]);
     return;
   }
   small_matmul(ys, mt, a.group, red);
   __syncthreads();
   for (int t = threadIdx.x; t < a.group * kD; t += kRotThreads) {
     const int g = t / kD, j = t % kD;
-    out[out_base + t] = (red[0][g][j] + red[1][g][j]) + (red[2][g][j] + red[3][g][j]);
+    store(t, (red[0][g][j] + red[1][g][j]) + (red[2][g][j] + red[3][g][j]));
   }
 }
 
@@ -668,7 +672,8 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
   LOWBIT_CHECK_ARG(num_q_heads >= H && num_q_heads % H == 0 && num_q_heads / H <= kDeviceMaxGroup, "num_q_heads",
                    num_q_heads,
                    "a multiple of num_kv_heads = " + std::to_string(H) + " with at most 8 query heads per KV head");
-  LOWBIT_CHECK_ARG(q != nullptr && out != nullptr, "q/out", "null", "device pointers");
+  LOWBIT_CHECK_ARG(q != nullptr && (out != nullptr || options.out_f16 != nullptr), "q/out", "null",
+                   "device pointers");
   LOWBIT_CHECK_ARG(rows >= 1 && rows <= 65535, "rows", rows, "1 to 65535 query rows per call");
   LOWBIT_CHECK_ARG(options.softmax_scale >= 0.0f, "softmax_scale", options.softmax_scale, "0 (default) or positive");
   LOWBIT_CHECK_ARG(options.split_tokens >= 0 && options.split_tokens % kTile == 0, "split_tokens",
@@ -704,7 +709,9 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
   a.max_splits = max_splits;
   // One chunk: the partial has the output's layout, so the merge kernel
   // un-rotates in place and the workspace needs no copy of the output.
-  a.part_out = max_splits == 1 ? out : ws.partial_out(q_floats * static_cast<size_t>(max_splits));
+  a.part_out = max_splits == 1 && options.out_f16 == nullptr
+                   ? out
+                   : ws.partial_out(q_floats * static_cast<size_t>(max_splits));
   a.part_lse = ws.partial_lse(static_cast<size_t>(rows) * num_q_heads * max_splits);
   for (KvPart part : {KvPart::key, KvPart::value}) {
     const VectorQuantizer* vq = cache.quantizer(part);
@@ -715,7 +722,8 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
   }
   dispatch(fmt_of(cfg.k_format), fmt_of(cfg.v_format), a, dim3(max_splits, H, rows), stream);
   const float* mt = v_rot ? cache.rotation_t(layer) : nullptr;
-  cuda::launch_with_pdl(merge_kernel, dim3(rows, H), dim3(kRotThreads), 0, stream, a, mt, out);
+  cuda::launch_with_pdl(merge_kernel, dim3(rows, H), dim3(kRotThreads), 0, stream, a, mt, out,
+                        static_cast<__half*>(options.out_f16));
 }
 
 }  // namespace

@@ -261,7 +261,19 @@ void check_decode(KvFormat kf, KvFormat vf, int page_size, const std::vector<int
   o.split_tokens = split_tokens;
   device_decode_attention(dev, kTestLayer, tables, q_heads, qd.as<float>(), out.as<float>(), ws, o);
   LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
-  EXPECT_TRUE(close_to_reference(from_device(out, q.size()), ref));
+  const std::vector<float> got = from_device(out, q.size());
+  EXPECT_TRUE(close_to_reference(got, ref));
+  // The fp16 output option: the same fp32 results, each rounded once.
+  Buffer out16(q.size() * 2, Device::cuda);
+  LOWBIT_CUDA_CHECK(cudaMemset(out16.data(), 0xFF, out16.size()));  // NaN
+  o.out_f16 = out16.data();
+  device_decode_attention(dev, kTestLayer, tables, q_heads, qd.as<float>(), nullptr, ws, o);
+  LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<uint16_t> bits(q.size());
+  Buffer::copy(bits.data(), Device::cpu, out16.data(), Device::cuda, out16.size());
+  size_t mismatches = 0;
+  for (size_t i = 0; i < bits.size(); ++i) mismatches += bits[i] != float_to_f16(got[i]).bits;
+  EXPECT_EQ(mismatches, 0u) << "fp16 output differs from the rounded fp32 output";
 }
 
 TEST(KvDevice, DecodeEveryFormatPair) {

@@ -162,7 +162,7 @@ class CudaEngine {
   // Activations, sized for the largest step so far.
   int64_t capacity_tokens_ = 0, capacity_logit_rows_ = 0;
   Buffer tokens_, positions_, residual_, normed_, qkv_, attn_, tmp_, gate_up_, act_, gather_rows_, gathered_,
-      logits_, q32_, k32_, v32_, out32_, next_tokens_;
+      logits_, q32_, k32_, v32_, next_tokens_;
   // The prepared step.
   std::vector<StepRow> rows_;
   kv::DeviceBlockTables tables_;

@@ -121,6 +121,11 @@ class AttentionWorkspace {
 struct DeviceDecodeOptions {
   float softmax_scale = 0.0f;  // 0: 1 / sqrt(head_dim)
   int64_t split_tokens = 0;    // KV chunk per CTA, a multiple of 16; 0: chosen by decode_split_tokens
+  // When set, the output is written here as fp16 (same layout, each value the
+  // fp32 result rounded once) and `out` is not used (it may be null): the
+  // engine's next GEMM reads fp16, and a separate conversion kernel per layer
+  // costs more launch time than it moves bytes.
+  void* out_f16 = nullptr;
 };
 
 // The chunk length the decode kernel uses when none is given (a multiple of
