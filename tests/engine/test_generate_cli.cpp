@@ -8,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "cli_runner.h"
 #include "engine_test_util.h"
@@ -76,6 +77,47 @@ TEST(GenerateCli, DefaultModelStreamsTextAndReportsSpeedAndMemory) {
   EXPECT_GT(row.at("decode_tokens_per_s").get<double>(), 0.0);
   EXPECT_EQ(row.at("kv"), "K tq4, V fp16");
   std::remove(json.c_str());
+}
+
+// `lowbit perplexity` on the shipped text (data/perplexity/lowbit-prose.txt,
+// written for this project). The fp16-KV value was recorded once on this
+// machine's CPU backend (21.9408 over 896 tokens); the tolerance allows for a
+// different summation order on other CPUs. tq4 K/V costs some perplexity on
+// this head_dim-64 model but must stay close.
+TEST(PerplexityCli, DefaultModelOnTheShippedText) {
+  if (default_model_path().empty()) GTEST_SKIP() << "the default model is not in the cache: run scripts/fetch-default-model";
+  const std::string text = std::string(LOWBIT_SOURCE_DIR) + "/data/perplexity/lowbit-prose.txt";
+  std::vector<nlohmann::json> rows;
+  for (const char* kv : {"fp16", "tq4"}) {
+    const std::string json =
+        ::testing::TempDir() + "lowbit_ppl_" + kv + "_" + std::to_string(::getpid()) + ".jsonl";
+    const CliResult r = run_lowbit(std::string("perplexity --device cpu --threads 2 --quiet --text ") + text +
+                                   " --kv " + kv + " --json " + json);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(r.output.rfind("perplexity ", 0), 0u) << r.output;
+    std::ifstream in(json);
+    std::string line;
+    ASSERT_TRUE(std::getline(in, line)) << json;
+    rows.push_back(nlohmann::json::parse(line));
+    std::remove(json.c_str());
+  }
+  EXPECT_EQ(rows[0].at("scored"), 896);
+  const double fp16 = rows[0].at("perplexity").get<double>(), tq4 = rows[1].at("perplexity").get<double>();
+  EXPECT_NEAR(fp16, 21.9408, 0.02);
+  EXPECT_GT(tq4, fp16);
+  EXPECT_LT(tq4, 1.15 * fp16);
+  EXPECT_EQ(rows[1].at("kv"), "K tq4, V tq4");
+}
+
+TEST(PerplexityCli, BadInputsFailCleanly) {
+  CliResult r = run_lowbit("perplexity");
+  EXPECT_EQ(r.exit_code, 2) << r.output;  // --text is required
+  EXPECT_NE(r.output.find("--text"), std::string::npos) << r.output;
+  r = run_lowbit("perplexity --text /nonexistent/text.txt --model " + golden_dir("llama").string());
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("cannot open --text"), std::string::npos) << r.output;
+  r = run_lowbit("perplexity --text /dev/null --chunk 0");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
 }
 
 }  // namespace

@@ -29,9 +29,8 @@
 #include "lowbit/engine/backend.h"
 #include "lowbit/engine/generate.h"
 #include "lowbit/engine/weights.h"
-#include "lowbit/gguf/gguf_file.h"
 #include "lowbit/tokenizer/bpe_tokenizer.h"
-#include "progress.h"
+#include "model_args.h"
 
 namespace lowbit::cli {
 namespace {
@@ -39,39 +38,7 @@ namespace {
 namespace fs = std::filesystem;
 using namespace lowbit::engine;
 
-constexpr const char* kDefaultModelFile = "SmolLM2-135M-Instruct.Q4_1.gguf";
 constexpr const char* kDefaultPrompt = "The three most important things to know about the Moon are";
-
-// The model cache: $LOWBIT_CACHE_DIR, else $XDG_CACHE_HOME/lowbit, else ~/.cache/lowbit.
-fs::path cache_dir() {
-  if (const char* d = std::getenv("LOWBIT_CACHE_DIR"); d != nullptr && *d != '\0') return d;
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x != '\0') return fs::path(x) / "lowbit";
-  if (const char* h = std::getenv("HOME"); h != nullptr && *h != '\0') return fs::path(h) / ".cache" / "lowbit";
-  fail(ErrorKind::invalid_argument, "no --model given and no model cache folder: set LOWBIT_CACHE_DIR or HOME");
-}
-
-fs::path default_model() {
-  const fs::path p = cache_dir() / "models" / kDefaultModelFile;
-  if (!fs::exists(p))
-    fail(ErrorKind::invalid_argument, "no --model given and the default model is not in the cache (", p.string(),
-         "): run scripts/fetch-default-model to download it (about 98 MB), or pass --model PATH");
-  return p;
-}
-
-tokenizer::BpeTokenizer load_tokenizer(const fs::path& model) {
-  if (model.extension() == ".gguf") return tokenizer::BpeTokenizer::from_gguf(gguf::GgufFile::open(model));
-  const fs::path dir = fs::is_directory(model) ? model : model.parent_path();
-  const fs::path json = dir / "tokenizer.json";
-  if (!fs::exists(json))
-    fail(ErrorKind::invalid_argument, "model ", model.string(), " has no tokenizer.json beside it: generate needs one");
-  return tokenizer::BpeTokenizer::from_tokenizer_json(json);
-}
-
-KvStorage kv_option(const std::string& name, const char* flag) {
-  const auto s = parse_kv_storage(name);
-  if (!s) fail_argument(flag, name, "fp32, fp16, tq4, tq3 or tq2");
-  return *s;
-}
 
 std::string mib(double bytes) {
   std::ostringstream s;
@@ -102,8 +69,7 @@ struct Options {
 void run_generate(const Options& o) {
   const fs::path model_path = o.model.empty() ? default_model() : fs::path(o.model);
   if (!fs::exists(model_path)) fail(ErrorKind::io, "model ", model_path.string(), " does not exist");
-  const auto mode = parse_weight_mode(o.weights);
-  if (!mode) fail_argument("--weights", o.weights, "auto, fp16 or w4");
+  if (!parse_weight_mode(o.weights)) fail_argument("--weights", o.weights, "auto, fp16 or w4");
   CpuBackendOptions backend_options;
   backend_options.kv.k = kv_option(o.kv_k.empty() ? o.kv : o.kv_k, "--kv-k");
   backend_options.kv.v = kv_option(o.kv_v.empty() ? o.kv : o.kv_v, "--kv-v");
@@ -111,17 +77,8 @@ void run_generate(const Options& o) {
   // Refuse --device cuda before the (slow) load.
   check_device(o.device);
 
-  const tokenizer::BpeTokenizer tok = load_tokenizer(model_path);
-  LoadOptions load;
-  load.weights = *mode;
-  std::unique_ptr<Progress> progress;
-  load.progress = [&](int64_t, int64_t total, const std::string& item) {
-    if (o.quiet) return;
-    if (!progress) progress = std::make_unique<Progress>("loading " + model_path.filename().string(), total);
-    progress->advance(item);
-  };
-  const Model model = load_model(model_path, load);
-  if (progress) progress->finish();
+  const tokenizer::BpeTokenizer tok = load_tokenizer(model_path, "generate");
+  const Model model = load_model_for_cli(model_path, o.weights, o.quiet);
   if (tok.vocab_size() > model.config.vocab)
     fail(ErrorKind::format, "the tokenizer has ", tok.vocab_size(), " tokens but the model only ", model.config.vocab);
 

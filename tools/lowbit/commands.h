@@ -14,6 +14,7 @@ void add_dequantize_command(CLI::App& app);
 void add_kv_command(CLI::App& app);
 void add_ans_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
+void add_perplexity_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 // Under `bench` (one file each, cmd_bench_<name>.cpp), added by add_bench_command.
 void add_bench_ans_command(CLI::App& bench);

@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   lowbit::cli::add_ans_command(app);
   lowbit::cli::add_bench_command(app);
   lowbit::cli::add_generate_command(app);
+  lowbit::cli::add_perplexity_command(app);
   try {
     app.parse(argc, argv);  // runs the chosen subcommand's callback
   } catch (const CLI::CallForHelp& e) {

@@ -1,0 +1,144 @@
+// `lowbit perplexity`: how much a weight or KV-cache format costs in quality.
+//
+//   lowbit perplexity [--model PATH] [--text FILE] [--max-tokens N] [--chunk N]
+//                     [--device auto|cpu|cuda] [--weights auto|fp16|w4]
+//                     [--kv F] [--kv-k F] [--kv-v F] [--threads N] [--json FILE]
+//
+// The text is tokenized (with the model's BOS token) and run as one sequence;
+// every token after the first is scored (engine/perplexity.h).
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "lowbit/bench/json_rows.h"
+#include "lowbit/core/error.h"
+#include "lowbit/engine/backend.h"
+#include "lowbit/engine/perplexity.h"
+#include "model_args.h"
+#include "progress.h"
+
+namespace lowbit::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace lowbit::engine;
+
+struct Options {
+  std::string model, text;
+  int64_t max_tokens = 1024;
+  int64_t chunk = 512;
+  std::string device = "auto";
+  std::string weights = "auto";
+  std::string kv = "fp16";
+  std::string kv_k, kv_v;
+  int threads = 0;
+  bool quiet = false;
+  std::string json;
+};
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(ErrorKind::io, "cannot open --text ", path);
+  std::ostringstream s;
+  s << in.rdbuf();
+  if (in.bad()) fail(ErrorKind::io, "cannot read --text ", path);
+  return s.str();
+}
+
+void run_perplexity(const Options& o) {
+  const fs::path model_path = o.model.empty() ? default_model() : fs::path(o.model);
+  if (!fs::exists(model_path)) fail(ErrorKind::io, "model ", model_path.string(), " does not exist");
+  if (!parse_weight_mode(o.weights)) fail_argument("--weights", o.weights, "auto, fp16 or w4");
+  CpuBackendOptions backend_options;
+  backend_options.kv.k = kv_option(o.kv_k.empty() ? o.kv : o.kv_k, "--kv-k");
+  backend_options.kv.v = kv_option(o.kv_v.empty() ? o.kv : o.kv_v, "--kv-v");
+  backend_options.threads = o.threads;
+  check_device(o.device);
+  const std::string text = read_text(o.text);
+
+  const tokenizer::BpeTokenizer tok = load_tokenizer(model_path, "perplexity");
+  std::vector<int32_t> tokens = tok.encode(text, true);
+  if (static_cast<int64_t>(tokens.size()) > o.max_tokens) tokens.resize(static_cast<size_t>(o.max_tokens));
+  if (tokens.size() < 2)
+    fail_argument("--text", o.text, "a text of at least 2 tokens (with the BOS token) to score");
+  const Model model = load_model_for_cli(model_path, o.weights, o.quiet);
+  backend_options.kv.max_sequences = 1;
+  backend_options.kv.max_tokens = static_cast<int64_t>(tokens.size());
+  std::unique_ptr<Backend> backend = make_backend(o.device, model, backend_options);
+
+  PerplexityOptions options;
+  options.chunk = o.chunk;
+  std::unique_ptr<Progress> progress;
+  const int64_t chunks = (static_cast<int64_t>(tokens.size()) - 1 + o.chunk - 1) / o.chunk;
+  options.progress = [&](int64_t done, int64_t) {
+    if (o.quiet) return;
+    if (!progress) progress = std::make_unique<Progress>("scoring " + std::to_string(tokens.size()) + " tokens", chunks);
+    progress->advance(std::to_string(done) + " tokens");
+  };
+  const PerplexityResult r = perplexity(*backend, tokens, options);
+  if (progress) progress->finish();
+
+  if (!o.json.empty()) {
+    nlohmann::ordered_json row;
+    row["suite"] = "perplexity";
+    row["impl"] = backend->name();
+    row["model"] = model_path.filename().string();
+    row["text"] = fs::path(o.text).filename().string();
+    row["weights"] = model.weights.format_summary();
+    row["kv"] = backend_options.kv.describe();
+    row["tokens"] = tokens.size();
+    row["scored"] = r.scored;
+    row["mean_nll"] = r.mean_nll();
+    row["perplexity"] = r.perplexity();
+    row["seconds"] = r.seconds;
+    bench::JsonRowsWriter(o.json).write(row);
+  }
+  std::printf("perplexity %.4f (mean NLL %.5f nats over %lld tokens)\n", r.perplexity(), r.mean_nll(),
+              static_cast<long long>(r.scored));
+  if (!o.quiet)
+    std::printf("-- %s, device %s, weights %s, KV %s, %.1f s\n", model_path.filename().string().c_str(),
+                backend->name().c_str(), model.weights.format_summary().c_str(),
+                backend_options.kv.describe().c_str(), r.seconds);
+}
+
+}  // namespace
+
+void add_perplexity_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "perplexity",
+      "Perplexity of a text under a model: the text (with the model's BOS token) runs as one sequence in\n"
+      "chunks, each position's logits scoring the next token, later chunks attending to earlier tokens\n"
+      "through the KV cache. Compare --weights and --kv formats on the same text to see what they cost.\n"
+      "Example: lowbit perplexity --text data/perplexity/lowbit-prose.txt --kv tq4");
+  static Options o;
+  cmd->add_option("--model", o.model, "Model file or folder (default: the cached default model)");
+  cmd->add_option("--text", o.text, "UTF-8 text file to score")->required();
+  cmd->add_option("--max-tokens", o.max_tokens, "Score at most this many tokens of the text")
+      ->check(CLI::Range(int64_t{2}, int64_t{1} << 24))
+      ->capture_default_str();
+  cmd->add_option("--chunk", o.chunk, "Tokens per forward call")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
+      ->capture_default_str();
+  cmd->add_option("--device", o.device, "auto (the GPU when one is visible and its kernels cover the model), cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  cmd->add_option("--weights", o.weights,
+                  "auto: as stored; fp16: every linear unquantized; w4: 4-bit RTN (group 128) on load")
+      ->check(CLI::IsMember({"auto", "fp16", "w4"}));
+  cmd->add_option("--kv", o.kv, "KV cache format for K and V: fp32, fp16, tq4, tq3, tq2")
+      ->check(CLI::IsMember({"fp32", "fp16", "tq4", "tq3", "tq2"}));
+  cmd->add_option("--kv-k", o.kv_k, "K format (overrides --kv)")->check(CLI::IsMember({"fp32", "fp16", "tq4", "tq3", "tq2"}));
+  cmd->add_option("--kv-v", o.kv_v, "V format (overrides --kv)")->check(CLI::IsMember({"fp32", "fp16", "tq4", "tq3", "tq2"}));
+  cmd->add_option("--threads", o.threads, "CPU threads (default: LOWBIT_NUM_THREADS or all cores)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--quiet", o.quiet, "Print only the perplexity line");
+  cmd->add_option("--json", o.json, "Also write the numbers as one JSON line to this file");
+  cmd->callback([] { run_perplexity(o); });
+}
+
+}  // namespace lowbit::cli

@@ -1,0 +1,67 @@
+#include "model_args.h"
+
+#include <cstdlib>
+#include <memory>
+
+#include "lowbit/core/error.h"
+#include "lowbit/gguf/gguf_file.h"
+#include "progress.h"
+
+namespace lowbit::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kDefaultModelFile = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+fs::path cache_dir() {
+  if (const char* d = std::getenv("LOWBIT_CACHE_DIR"); d != nullptr && *d != '\0') return d;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x != '\0') return fs::path(x) / "lowbit";
+  if (const char* h = std::getenv("HOME"); h != nullptr && *h != '\0') return fs::path(h) / ".cache" / "lowbit";
+  fail(ErrorKind::invalid_argument, "no --model given and no model cache folder: set LOWBIT_CACHE_DIR or HOME");
+}
+
+}  // namespace
+
+fs::path default_model() {
+  const fs::path p = cache_dir() / "models" / kDefaultModelFile;
+  if (!fs::exists(p))
+    fail(ErrorKind::invalid_argument, "no --model given and the default model is not in the cache (", p.string(),
+         "): run scripts/fetch-default-model to download it (about 98 MB), or pass --model PATH");
+  return p;
+}
+
+tokenizer::BpeTokenizer load_tokenizer(const fs::path& model, const std::string& command) {
+  if (model.extension() == ".gguf") return tokenizer::BpeTokenizer::from_gguf(gguf::GgufFile::open(model));
+  const fs::path dir = fs::is_directory(model) ? model : model.parent_path();
+  const fs::path json = dir / "tokenizer.json";
+  if (!fs::exists(json))
+    fail(ErrorKind::invalid_argument, "model ", model.string(), " has no tokenizer.json beside it: ", command,
+         " needs one");
+  return tokenizer::BpeTokenizer::from_tokenizer_json(json);
+}
+
+engine::Model load_model_for_cli(const fs::path& path, const std::string& weights, bool quiet) {
+  if (!fs::exists(path)) fail(ErrorKind::io, "model ", path.string(), " does not exist");
+  const auto mode = engine::parse_weight_mode(weights);
+  if (!mode) fail_argument("--weights", weights, "auto, fp16 or w4");
+  engine::LoadOptions load;
+  load.weights = *mode;
+  std::unique_ptr<Progress> progress;
+  load.progress = [&](int64_t, int64_t total, const std::string& item) {
+    if (quiet) return;
+    if (!progress) progress = std::make_unique<Progress>("loading " + path.filename().string(), total);
+    progress->advance(item);
+  };
+  engine::Model model = engine::load_model(path, load);
+  if (progress) progress->finish();
+  return model;
+}
+
+engine::KvStorage kv_option(const std::string& name, const char* flag) {
+  const auto s = engine::parse_kv_storage(name);
+  if (!s) fail_argument(flag, name, "fp32, fp16, tq4, tq3 or tq2");
+  return *s;
+}
+
+}  // namespace lowbit::cli

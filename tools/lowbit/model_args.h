@@ -1,0 +1,31 @@
+// What the commands that run a model (generate, perplexity) share: where the
+// default model lives, loading a model with a progress line, its tokenizer,
+// and parsing KV-cache format names.
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+#include "lowbit/engine/kv_store.h"
+#include "lowbit/engine/weights.h"
+#include "lowbit/tokenizer/bpe_tokenizer.h"
+
+namespace lowbit::cli {
+
+// The cached default model (scripts/fetch-default-model): SmolLM2-135M-Instruct
+// Q4_1 under $LOWBIT_CACHE_DIR, else $XDG_CACHE_HOME/lowbit, else ~/.cache/lowbit.
+// Throws Error(invalid_argument) saying how to get it when it is not there.
+std::filesystem::path default_model();
+
+// The tokenizer of a .gguf file (its metadata) or of a Hugging Face folder
+// (tokenizer.json beside the weights); `command` names the caller in errors.
+tokenizer::BpeTokenizer load_tokenizer(const std::filesystem::path& model, const std::string& command);
+
+// The model at `path` with weights as `weights` says ("auto", "fp16", "w4"),
+// with a progress line on stderr unless quiet.
+engine::Model load_model_for_cli(const std::filesystem::path& path, const std::string& weights, bool quiet);
+
+// "fp32", "fp16", "tq4", "tq3", "tq2"; `flag` names the option in errors.
+engine::KvStorage kv_option(const std::string& name, const char* flag);
+
+}  // namespace lowbit::cli
