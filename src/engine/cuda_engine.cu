@@ -375,9 +375,11 @@ void CudaEngine::attention_layer(int layer, std::span<const StepRow> rows,
   kv::DeviceDecodeOptions options;
   if (decode) {
     kv::device_append_tokens(*cache_, layer, tables, k32_.as<float>(), v32_.as<float>(), stream_);
+    mark("KV append");
     options.out_f16 = attn_.data();
     kv::device_decode_attention(*cache_, layer, tables, hq, q32_.as<float>(), nullptr, attention_workspace_, options,
                                 stream_);
+    mark("attention");
     return;
   }
   int64_t offset = 0;
@@ -386,10 +388,12 @@ void CudaEngine::attention_layer(int layer, std::span<const StepRow> rows,
     kv::device_write_tokens(*cache_, layer, tables, static_cast<int>(r), row.first_pos, row.n,
                             k32_.as<float>() + offset * c.kv_dim(), v32_.as<float>() + offset * c.kv_dim(),
                             stream_);
+    mark("KV append");
     options.out_f16 = static_cast<std::byte*>(attn_.data()) + offset * c.q_dim() * 2;
     kv::device_prefill_attention(*cache_, layer, tables, static_cast<int>(r), row.first_pos, row.n, hq,
                                  q32_.as<float>() + offset * c.q_dim(), nullptr, attention_workspace_, options,
                                  stream_);
+    mark("attention");
     offset += row.n;
   }
 }
@@ -462,13 +466,16 @@ void CudaEngine::launch(const int32_t* d_tokens) {
   const TensorView normed = dev(normed_.data(), DType::f16, {M, c.hidden});
   const TensorView tmp = dev(tmp_.data(), DType::f16, {M, c.hidden});
 
+  mark("");  // the step's start
   ops::embedding(dev(model_.embed.data(), DType::f16, {c.vocab, c.hidden}),
                  dev(const_cast<int32_t*>(d_tokens), DType::i32, {M}), residual, stream_);
   ops::rms_norm(residual, dev(model_.layers[0].attn_norm.data(), DType::f16, {c.hidden}), eps, normed,
                 stream_);
+  mark("embedding + first norm");
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const DeviceLayer& L = model_.layers[static_cast<size_t>(l)];
     linear(L.qkv, normed_.data(), M, qkv_.data());
+    mark("qkv GEMM");
     // q/k norm (Qwen3), RoPE and the widening to the fp32 q/k/v that the KV
     // kernels take (they quantize and rotate in fp32), in one launch.
     const TensorView q_norm = dev(L.q_norm.data(), DType::f16, {c.head_dim});
@@ -479,17 +486,24 @@ void CudaEngine::launch(const int32_t* d_tokens) {
                                  dev(q32_.data(), DType::f32, {M, c.q_dim()}),
                                  dev(k32_.data(), DType::f32, {M, c.kv_dim()}),
                                  dev(v32_.data(), DType::f32, {M, c.kv_dim()}), stream_);
+    mark("q/k norm + RoPE + fp32");
     attention_layer(static_cast<int>(l), rows_, tables_, M);
     linear(L.o, attn_.data(), M, tmp_.data());
+    mark("o GEMM");
     ops::add_rms_norm(residual, tmp, dev(L.ffn_norm.data(), DType::f16, {c.hidden}), eps, normed, stream_);
+    mark("add + RMSNorm");
     linear(L.gate_up, normed_.data(), M, gate_up_.data());
+    mark("gate/up GEMM");
     ops::silu_mul(rows_view(gate_up_, 0, M, c.intermediate, 2 * c.intermediate),
                   rows_view(gate_up_, c.intermediate, M, c.intermediate, 2 * c.intermediate),
                   dev(act_.data(), DType::f16, {M, c.intermediate}), stream_);
+    mark("SiLU x up");
     linear(L.down, act_.data(), M, tmp_.data());
+    mark("down GEMM");
     const Buffer& next_norm =
         l + 1 < c.num_layers ? model_.layers[static_cast<size_t>(l + 1)].attn_norm : model_.final_norm;
     ops::add_rms_norm(residual, tmp, dev(next_norm.data(), DType::f16, {c.hidden}), eps, normed, stream_);
+    mark("add + RMSNorm");
   }
   const void* head_input = normed_.data();
   if (!all_tokens_) {
@@ -499,6 +513,7 @@ void CudaEngine::launch(const int32_t* d_tokens) {
     head_input = gathered_.data();
   }
   linear(model_.lm_head, head_input, logit_rows_, logits_.data());
+  mark("gather + lm_head GEMM");
 }
 
 void CudaEngine::fill_random_kv(uint64_t seed) {
@@ -654,6 +669,38 @@ std::unique_ptr<Backend> make_cuda_backend(const Model& model, const KvOptions& 
                                            bool quantize_dense_to_w4) {
   if (cuda_device_count() == 0) fail(ErrorKind::unsupported, "--device cuda: no CUDA device is visible");
   return std::make_unique<CudaBackend>(model, kv, quantize_dense_to_w4);
+}
+
+StepBreakdown::~StepBreakdown() {
+  for (cudaEvent_t e : pool_) cudaEventDestroy(e);
+}
+
+void StepBreakdown::mark(const char* stage, cudaStream_t stream) {
+  if (used_ == pool_.size()) {
+    cudaEvent_t e;
+    LOWBIT_CUDA_CHECK(cudaEventCreate(&e));
+    pool_.push_back(e);
+  }
+  cudaEvent_t e = pool_[used_++];
+  LOWBIT_CUDA_CHECK(cudaEventRecord(e, stream));
+  marks_.emplace_back(stage, e);
+}
+
+void StepBreakdown::collect() {
+  if (marks_.empty()) return;
+  LOWBIT_CUDA_CHECK(cudaEventSynchronize(marks_.back().second));
+  for (size_t i = 1; i < marks_.size(); ++i) {
+    float ms = 0;
+    LOWBIT_CUDA_CHECK(cudaEventElapsedTime(&ms, marks_[i - 1].second, marks_[i].second));
+    const std::string& name = marks_[i].first;
+    auto it = std::find_if(stages_.begin(), stages_.end(), [&](const Stage& st) { return st.name == name; });
+    if (it == stages_.end()) it = stages_.insert(stages_.end(), Stage{name, 0.0, 0});
+    it->total_us += 1e3 * static_cast<double>(ms);
+    ++it->count;
+  }
+  ++steps_;
+  marks_.clear();
+  used_ = 0;
 }
 
 }  // namespace lowbit::engine

@@ -76,6 +76,32 @@ bench::TimingStats time_step(CudaEngine& engine, const int32_t* d_tokens, int re
   return cuda::time_cuda([&](cudaStream_t) { engine.launch(d_tokens); }, timer);
 }
 
+// Five eager steps with an event after every stage: per-stage time per step,
+// beside the (graph) step time measured before.
+void print_breakdown(CudaEngine& engine, const int32_t* d_tokens, double step_us) {
+  StepBreakdown b;
+  engine.launch(d_tokens);  // warm-up
+  engine.set_breakdown(&b);
+  constexpr int kSteps = 5;
+  for (int i = 0; i < kSteps; ++i) {
+    engine.launch(d_tokens);
+    b.collect();
+  }
+  engine.set_breakdown(nullptr);
+  double total = 0;
+  for (const auto& st : b.stages()) total += st.total_us;
+  total /= b.steps();
+  std::printf("      where an eager step goes (%.0f us, events between stages; the measurement above: %.0f us)\n",
+              total, step_us);
+  std::vector<StepBreakdown::Stage> stages = b.stages();
+  std::sort(stages.begin(), stages.end(), [](const auto& a, const auto& c) { return a.total_us > c.total_us; });
+  for (const auto& st : stages)
+    std::printf("      %-26s %9.1f us/step %5.1f%%  (%lld per step, %.1f us each)\n", st.name.c_str(),
+                st.total_us / b.steps(), 100.0 * st.total_us / b.steps() / total,
+                static_cast<long long>(st.count / b.steps()), st.total_us / static_cast<double>(st.count));
+  std::fflush(stdout);
+}
+
 kv::KvFormat kv_format_named(const std::string& name) {
   const auto f = kv::parse_kv_format(name);
   LOWBIT_REQUIRE(f.has_value(), "--kv: unknown format '", name, "' (fp16, tq4, tq3, tq2)");
@@ -159,6 +185,7 @@ void run_model_benchmark(const ModelBenchOptions& options) {
                         graph_used ? "  [graph]"
                                    : (graph_note.empty() ? "" : ("  [eager: " + graph_note + "]").c_str()));
             std::fflush(stdout);
+            if (options.breakdown) print_breakdown(*engine, d_ids.as<const int32_t>(), r.us);
             if (json) {
               bench::BenchRow row{"model_decode",
                                   weights + "+" + kv_name,

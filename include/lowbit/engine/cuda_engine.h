@@ -97,6 +97,39 @@ struct StepRow {
   int64_t n = 1;
 };
 
+// Where the time of a step goes (`lowbit bench model --breakdown`): the
+// engine records an event after each stage of launch() (embedding, each
+// GEMM, the attention inputs, the KV append, the attention, the norms...);
+// collect() adds the gaps between consecutive events to per-stage totals.
+// The events serialize the stages (no overlap through programmatic dependent
+// launch), so each stage's time includes its launch gap: the sum is an eager
+// step, somewhat longer than a graph replay. Not for graph capture.
+class StepBreakdown {
+ public:
+  StepBreakdown() = default;
+  ~StepBreakdown();
+  StepBreakdown(const StepBreakdown&) = delete;
+  StepBreakdown& operator=(const StepBreakdown&) = delete;
+
+  void mark(const char* stage, cudaStream_t stream);  // the first mark of a step starts it ("")
+  // Synchronizes on the last event, accumulates, and forgets the step's marks.
+  void collect();
+  struct Stage {
+    std::string name;
+    double total_us = 0;
+    int64_t count = 0;  // marks per collected step x steps
+  };
+  const std::vector<Stage>& stages() const { return stages_; }  // in order of first appearance
+  int steps() const { return steps_; }
+
+ private:
+  std::vector<std::pair<std::string, cudaEvent_t>> marks_;
+  std::vector<cudaEvent_t> pool_;
+  size_t used_ = 0;
+  std::vector<Stage> stages_;
+  int steps_ = 0;
+};
+
 class CudaEngine {
  public:
   // The model must outlive the engine. Allocates the KV pool for
@@ -134,6 +167,8 @@ class CudaEngine {
   void launch(const int32_t* d_tokens);
   void step_device_tokens(std::span<const StepRow> rows, const int32_t* d_tokens, bool all_tokens);
   TensorView logits() const;
+  // Records stage events into `b` during launch() (nullptr: none, the default).
+  void set_breakdown(StepBreakdown* b) { breakdown_ = b; }
   // Fills positions [0, length) of every live sequence, in every layer, with
   // K/V quantized from random vectors: a cache at a given context for
   // benchmarks, without running a prefill of that length.
@@ -152,6 +187,10 @@ class CudaEngine {
   std::unique_ptr<kv::DeviceKvCache> cache_;
   cudaStream_t stream_ = nullptr;
   cuda::CublasHandle cublas_;
+  StepBreakdown* breakdown_ = nullptr;
+  void mark(const char* stage) {
+    if (breakdown_ != nullptr) breakdown_->mark(stage, stream_);
+  }
   W4A16Workspace w4_workspace_;
   kv::AttentionWorkspace attention_workspace_;
   // Pages: a free list and each live sequence's table and length.

@@ -27,6 +27,9 @@ struct ModelBenchOptions {
   int64_t max_prefill_context = 4096;
   int reps = 20;
   bool graphs = true;  // also time the decode step replayed as a CUDA graph
+  // After each decode measurement, time a few eager steps stage by stage
+  // (StepBreakdown) and print where the step's time goes.
+  bool breakdown = false;
   std::string json_path;
 };
 
