@@ -55,18 +55,16 @@ namespace lowbit::w4a16_detail {
 namespace {
 
 constexpr int kThreads = 256;  // two warpgroups, 64 output columns each
+// Five slots: three loads in flight ahead of the iteration being computed,
+// and one more so that a warpgroup may run up to two iterations ahead of the
+// other before it waits for a slot to be released.
+constexpr int kStages = 5;
+constexpr int kAhead = 3;
+static_assert(kAhead < kStages - 1,
+              "a warpgroup must be able to run ahead of the other by one slot at least");
 
 template <int kMTile>
 struct Smem {
-  // Slots: kAhead loads in flight ahead of the iteration being computed, and
-  // one more so that a warpgroup may run up to two iterations ahead of the
-  // other before it waits for a slot to be released. The 16-row (decode)
-  // tile's stages are small (7 KB), and a decode CTA runs only 5-20
-  // iterations: 8 ahead puts most of a CTA's loads in flight at once, so its
-  // time is about one memory latency plus its bytes, not several latencies.
-  static constexpr int kStages = kMTile == 16 ? 10 : 5;
-  static constexpr int kAhead = kMTile == 16 ? 8 : 3;
-  static_assert(kAhead < kStages - 1, "a warpgroup must be able to run ahead of the other by one slot at least");
   static constexpr int kXBytes = kMTile * 128;  // kMTile rows of x x 64 halves, 128-byte swizzle
   static constexpr int kWBytes = 2 * 128 * 16;  // each thread's 16 bytes of weights
   static constexpr int kSzBytes = 2 * 128 * 4;  // scale/zero of rows k0 and k0 + 32, 128 columns
@@ -154,7 +152,6 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>)
     w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap x_map, const WgmmaArgs args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using S = Smem<kMTile>;
-  constexpr int kStages = S::kStages, kAhead = S::kAhead;
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   constexpr int kAcc = kMTile / 2;
   extern __shared__ unsigned char smem_raw[];
@@ -327,25 +324,12 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>)
   __syncthreads();  // every warpgroup is done with the stages
   for (int q0 = 0; q0 < quads; q0 += chunk) {
     const int nq = min(chunk, quads - q0);
-    // kInFlight loads per thread before any is stored: one round trip per
-    // kInFlight x 256 partial groups.
-    constexpr int kInFlight = 8;
-    const int total = args.split_k * nq;
-    for (int base = tid; base < total; base += kInFlight * kThreads) {
-      float4 v[kInFlight];
-#pragma unroll
-      for (int u = 0; u < kInFlight; ++u) {
-        const int i = base + u * kThreads;
-        const int sp = i / nq, q = q0 + i % nq;
-        const int row = m0 + q / 32, col = blockIdx.y * 128 + (q % 32) * 4;
-        v[u] = i < total && col < args.N_pad
-                   ? __ldcg(reinterpret_cast<const float4*>(args.partial + sp * split_stride +
-                                                            static_cast<int64_t>(row) * args.N_pad + col))
-                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      }
-#pragma unroll
-      for (int u = 0; u < kInFlight; ++u)
-        if (base + u * kThreads < total) staged[base + u * kThreads] = v[u];
+    for (int i = tid; i < args.split_k * nq; i += kThreads) {
+      const int sp = i / nq, q = q0 + i % nq;
+      const int row = m0 + q / 32, col = blockIdx.y * 128 + (q % 32) * 4;
+      staged[i] = col < args.N_pad ? __ldcg(reinterpret_cast<const float4*>(
+                                         args.partial + sp * split_stride + static_cast<int64_t>(row) * args.N_pad + col))
+                                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
     __syncthreads();
     for (int i = tid; i < nq; i += kThreads) {
