@@ -226,8 +226,23 @@ __global__ void __launch_bounds__(kWriteThreads) write_kernel(WriteArgs a) {
   __shared__ double scratch[kWriteThreads / 32];
   const int j = threadIdx.x;
   const bool haar = a.signs == nullptr;
-  if (haar)
-    for (int i = j; i < kD * kD; i += kWriteThreads) m_s[i] = a.rot[i];
+  if (haar) {
+    // 64 KB per CTA: float4 loads, eight in flight per thread (one 4-byte
+    // load per loop trip was ~30 us of L2 round trips at decode, most of the
+    // append's time).
+    constexpr int kVecs = kD * kD / 4, kInFlight = 8;
+    const float4* src = reinterpret_cast<const float4*>(a.rot);
+    float4* dst = reinterpret_cast<float4*>(m_s);
+    for (int base = j; base < kVecs; base += kInFlight * kWriteThreads) {
+      float4 v[kInFlight];
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u)
+        if (base + u * kWriteThreads < kVecs) v[u] = __ldg(src + base + u * kWriteThreads);
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u)
+        if (base + u * kWriteThreads < kVecs) dst[base + u * kWriteThreads] = v[u];
+    }
+  }
   // Programmatic dependent launch (lowbit/cuda/pdl.cuh): the rotation, which
   // no kernel writes, was loaded above while the previous kernel finished;
   // k/v and the cache pages are touched only after it completed.

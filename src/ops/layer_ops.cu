@@ -81,45 +81,91 @@ __device__ float block_sum(float v, float* scratch) {
   return total;
 }
 
+// The row kernels below read kChunk elements per thread before using any:
+// one element per loop trip (the first version) made every trip wait for its
+// own L2 round trip behind the previous trip's store, and a 5120-wide
+// add + RMSNorm took ~18 us on the H100 instead of ~3. Each thread still sums
+// its elements in the same order (i = t, t + blockDim, ...), so the results
+// are the same bits as before.
+constexpr int kChunk = 8;
+
 template <typename T>
-__global__ void rms_norm_kernel(const T* x, const T* w, float eps, T* y, int64_t dim) {
+__global__ void rms_norm_kernel(const T* __restrict__ x, const T* __restrict__ w, float eps, T* __restrict__ y,
+                                int64_t dim) {
   cuda::pdl_wait();  // PDL: see the file comment
   cuda::pdl_launch_dependents();
   __shared__ float scratch[32];
   const T* row = x + blockIdx.x * dim;
+  const int64_t step = blockDim.x;
   float sum_sq = 0.0f;
-  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
-    const float v = to_float(row[i]);
-    sum_sq += v * v;
+  for (int64_t base = threadIdx.x; base < dim; base += kChunk * step) {
+    float v[kChunk];
+#pragma unroll
+    for (int c = 0; c < kChunk; ++c) v[c] = base + c * step < dim ? to_float(row[base + c * step]) : 0.0f;
+#pragma unroll
+    for (int c = 0; c < kChunk; ++c)
+      if (base + c * step < dim) sum_sq += v[c] * v[c];
   }
   const float inv_rms = rsqrtf(block_sum(sum_sq, scratch) / static_cast<float>(dim) + eps);
   T* out = y + blockIdx.x * dim;
-  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
-    out[i] = from_float<T>(to_float(row[i]) * inv_rms * to_float(w[i]));
+  for (int64_t base = threadIdx.x; base < dim; base += kChunk * step) {
+    float v[kChunk], g[kChunk];
+#pragma unroll
+    for (int c = 0; c < kChunk; ++c) {
+      const int64_t i = base + c * step;
+      v[c] = i < dim ? to_float(row[i]) : 0.0f;
+      g[c] = i < dim ? to_float(w[i]) : 0.0f;
+    }
+#pragma unroll
+    for (int c = 0; c < kChunk; ++c)
+      if (base + c * step < dim) out[base + c * step] = from_float<T>(v[c] * inv_rms * g[c]);
   }
 }
 
 // The residual is rounded to T when stored, and the norm is taken of the
 // stored value, so that what the next layer adds to is what was normalized.
 template <typename T>
-__global__ void add_rms_norm_kernel(T* residual, const T* x, const T* w, float eps, T* y, int64_t dim) {
+__global__ void add_rms_norm_kernel(T* __restrict__ residual, const T* __restrict__ x, const T* __restrict__ w,
+                                    float eps, T* __restrict__ y, int64_t dim) {
   cuda::pdl_wait();  // PDL: see the file comment
   cuda::pdl_launch_dependents();
   __shared__ float scratch[32];
   T* res = residual + blockIdx.x * dim;
   const T* in = x + blockIdx.x * dim;
+  const int64_t step = blockDim.x;
   float sum_sq = 0.0f;
-  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
-    const T stored = from_float<T>(to_float(res[i]) + to_float(in[i]));
-    res[i] = stored;
-    const float v = to_float(stored);
-    sum_sq += v * v;
+  for (int64_t base = threadIdx.x; base < dim; base += kChunk * step) {
+    float r[kChunk], a[kChunk];
+#pragma unroll
+    for (int c = 0; c < kChunk; ++c) {
+      const int64_t i = base + c * step;
+      r[c] = i < dim ? to_float(res[i]) : 0.0f;
+      a[c] = i < dim ? to_float(in[i]) : 0.0f;
+    }
+#pragma unroll
+    for (int c = 0; c < kChunk; ++c) {
+      const int64_t i = base + c * step;
+      if (i >= dim) continue;
+      const T stored = from_float<T>(r[c] + a[c]);
+      res[i] = stored;
+      const float v = to_float(stored);
+      sum_sq += v * v;
+    }
   }
   const float inv_rms = rsqrtf(block_sum(sum_sq, scratch) / static_cast<float>(dim) + eps);
   T* out = y + blockIdx.x * dim;
   // Each thread re-reads only the elements it wrote above: no barrier needed.
-  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
-    out[i] = from_float<T>(to_float(res[i]) * inv_rms * to_float(w[i]));
+  for (int64_t base = threadIdx.x; base < dim; base += kChunk * step) {
+    float v[kChunk], g[kChunk];
+#pragma unroll
+    for (int c = 0; c < kChunk; ++c) {
+      const int64_t i = base + c * step;
+      v[c] = i < dim ? to_float(res[i]) : 0.0f;
+      g[c] = i < dim ? to_float(w[i]) : 0.0f;
+    }
+#pragma unroll
+    for (int c = 0; c < kChunk; ++c)
+      if (base + c * step < dim) out[base + c * step] = from_float<T>(v[c] * inv_rms * g[c]);
   }
 }
 
