@@ -40,7 +40,9 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
 }
 
-constexpr int kRowThreads = 256;
+// One CTA per row: at decode a norm is one row, so the row's latency is the
+// kernel's; 1024 threads keep a 5120-wide row to one chunk (below) per pass.
+constexpr int kRowThreads = 1024;
 
 // The fp32 steps of the per-head RMSNorm and of RoPE, with every rounding
 // spelled out by intrinsics that the compiler may not contract or reassociate
@@ -84,9 +86,8 @@ __device__ float block_sum(float v, float* scratch) {
 // The row kernels below read kChunk elements per thread before using any:
 // one element per loop trip (the first version) made every trip wait for its
 // own L2 round trip behind the previous trip's store, and a 5120-wide
-// add + RMSNorm took ~18 us on the H100 instead of ~3. Each thread still sums
-// its elements in the same order (i = t, t + blockDim, ...), so the results
-// are the same bits as before.
+// add + RMSNorm took ~18 us on the H100. Each thread sums its elements in
+// order i = t, t + blockDim, ..., whatever the chunking.
 constexpr int kChunk = 8;
 
 template <typename T>
