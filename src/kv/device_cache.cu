@@ -218,11 +218,16 @@ __device__ double block_sum_double(double x, double* scratch) {
   return s;
 }
 
+// kVectors: vectors quantized together per CTA (one load of M[i][j] serves
+// them all). 8 for prefill-sized calls; 1 for decode, whose 2 x heads x batch
+// vectors would otherwise run on a handful of CTAs, each working through 8
+// vectors one barrier-separated step at a time.
+template <int kVectors>
 __global__ void __launch_bounds__(kWriteThreads) write_kernel(WriteArgs a) {
   extern __shared__ float4 smem_f4[];
   float* m_s = reinterpret_cast<float*>(smem_f4);      // [d][d]
-  float* x_s = m_s + kD * kD;                           // [8][d]
-  uint8_t* idx_s = reinterpret_cast<uint8_t*>(x_s + kWriteVectors * kD);  // [8][d]
+  float* x_s = m_s + kD * kD;                           // [kVectors][d]
+  uint8_t* idx_s = reinterpret_cast<uint8_t*>(x_s + kVectors * kD);  // [kVectors][d]
   __shared__ double scratch[kWriteThreads / 32];
   const int j = threadIdx.x;
   const bool haar = a.signs == nullptr;
@@ -250,22 +255,22 @@ __global__ void __launch_bounds__(kWriteThreads) write_kernel(WriteArgs a) {
   cuda::pdl_launch_dependents();
   const int H = a.num_kv_heads;
   const int64_t items = a.n_tokens * H * 2;
-  const int64_t batches = (items + kWriteVectors - 1) / kWriteVectors;
+  const int64_t batches = (items + kVectors - 1) / kVectors;
   const float hadamard_norm = static_cast<float>(1.0 / sqrt(static_cast<double>(kD)));
 
   for (int64_t batch = blockIdx.x; batch < batches; batch += gridDim.x) {
-    float y[kWriteVectors];
-    double gamma_exact[kWriteVectors];
-    float xv[kWriteVectors];
-    std::byte* slab_of[kWriteVectors];  // the (page, head) slab each vector goes to
-    int slot_of[kWriteVectors];
+    float y[kVectors];
+    double gamma_exact[kVectors];
+    float xv[kVectors];
+    std::byte* slab_of[kVectors];  // the (page, head) slab each vector goes to
+    int slot_of[kVectors];
     // Every global load of the batch first: the vectors, then where each one
     // goes (the sequence length, then its page). Loaded inside the per-vector
     // loops below, behind their barriers, they were one L2 round trip per
     // vector each: most of a decode step's append time.
 #pragma unroll
-    for (int v = 0; v < kWriteVectors; ++v) {
-      const int64_t item = batch * kWriteVectors + v;
+    for (int v = 0; v < kVectors; ++v) {
+      const int64_t item = batch * kVectors + v;
       xv[v] = 0.0f;
       slab_of[v] = nullptr;
       slot_of[v] = 0;
@@ -281,7 +286,7 @@ __global__ void __launch_bounds__(kWriteThreads) write_kernel(WriteArgs a) {
         slab_of[v] = a.pool + (static_cast<int64_t>(page) * H + h) * a.slab_bytes;
       }
     }
-    for (int v = 0; v < kWriteVectors; ++v) {
+    for (int v = 0; v < kVectors; ++v) {
       const double sq = static_cast<double>(xv[v]) * xv[v];
       gamma_exact[v] = sqrt(block_sum_double(sq, scratch));
       const float gamma = static_cast<float>(gamma_exact[v]);
@@ -289,19 +294,19 @@ __global__ void __launch_bounds__(kWriteThreads) write_kernel(WriteArgs a) {
     }
     __syncthreads();
     if (haar) {
-      float acc[kWriteVectors] = {};
+      float acc[kVectors] = {};
       for (int i = 0; i < kD; ++i) {
         const float m = m_s[i * kD + j];
 #pragma unroll
-        for (int v = 0; v < kWriteVectors; ++v) acc[v] = __fadd_rn(acc[v], __fmul_rn(x_s[v * kD + i], m));
+        for (int v = 0; v < kVectors; ++v) acc[v] = __fadd_rn(acc[v], __fmul_rn(x_s[v * kD + i], m));
       }
-      for (int v = 0; v < kWriteVectors; ++v) y[v] = acc[v];
+      for (int v = 0; v < kVectors; ++v) y[v] = acc[v];
     } else {
       // x * s, then the Walsh-Hadamard butterflies in place, stride 1, 2, 4, ...
-      for (int v = 0; v < kWriteVectors; ++v) x_s[v * kD + j] = __fmul_rn(x_s[v * kD + j], a.signs[j]);
+      for (int v = 0; v < kVectors; ++v) x_s[v * kD + j] = __fmul_rn(x_s[v * kD + j], a.signs[j]);
       for (int hstride = 1; hstride < kD; hstride *= 2) {
         __syncthreads();
-        for (int p = j; p < kWriteVectors * kD / 2; p += kWriteThreads) {
+        for (int p = j; p < kVectors * kD / 2; p += kWriteThreads) {
           const int v = p / (kD / 2), q = p % (kD / 2);
           const int lo = (q / hstride) * 2 * hstride + q % hstride;
           float* row = x_s + v * kD;
@@ -311,11 +316,11 @@ __global__ void __launch_bounds__(kWriteThreads) write_kernel(WriteArgs a) {
         }
       }
       __syncthreads();
-      for (int v = 0; v < kWriteVectors; ++v) y[v] = __fmul_rn(x_s[v * kD + j], hadamard_norm);
+      for (int v = 0; v < kVectors; ++v) y[v] = __fmul_rn(x_s[v * kD + j], hadamard_norm);
     }
 
-    for (int v = 0; v < kWriteVectors; ++v) {
-      const int64_t item = batch * kWriteVectors + v;
+    for (int v = 0; v < kVectors; ++v) {
+      const int64_t item = batch * kVectors + v;
       const int part_index = static_cast<int>(item % 2);
       const PartFormat& f = a.part[part_index];
       int idx = 0;
@@ -344,8 +349,8 @@ __global__ void __launch_bounds__(kWriteThreads) write_kernel(WriteArgs a) {
       __syncwarp();
     }
     __syncthreads();  // idx_s complete
-    for (int v = 0; v < kWriteVectors; ++v) {
-      const int64_t item = batch * kWriteVectors + v;
+    for (int v = 0; v < kVectors; ++v) {
+      const int64_t item = batch * kVectors + v;
       if (item >= items) break;
       const PartFormat& f = a.part[item % 2];
       if (f.bits == 16) continue;
@@ -413,21 +418,28 @@ void launch_write(const DeviceKvCache& cache, int layer, const DeviceBlockTables
   a.scale_f32 = c.scale_dtype == ScaleDType::f32;
   a.part[0] = part_format(cache, KvPart::key);
   a.part[1] = part_format(cache, KvPart::value);
-  const size_t smem = sizeof(float) * (kD * kD + kWriteVectors * kD) + kWriteVectors * kD;
-  static bool configured = false;
-  if (!configured) {
-    LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(write_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(smem)));
-    configured = true;
-  }
   int device = 0, sms = 0;
   LOWBIT_CUDA_CHECK(cudaGetDevice(&device));
   LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const int64_t batches = (n_tokens * c.num_kv_heads * 2 + kWriteVectors - 1) / kWriteVectors;
-  // Each CTA loads M (64 KB) once: few enough CTAs that this stays small
-  // beside the K/V traffic, enough for every SM to hold two.
-  const int grid = static_cast<int>(std::min<int64_t>(batches, 2 * int64_t{sms}));
-  cuda::launch_with_pdl(write_kernel, dim3(grid), dim3(kWriteThreads), smem, stream, a);
+  const int64_t vectors = n_tokens * c.num_kv_heads * 2;
+  auto launch = [&](auto kernel, int per_cta) {
+    const size_t smem = sizeof(float) * (kD * kD + static_cast<size_t>(per_cta) * kD) + per_cta * kD;
+    static bool configured[2] = {false, false};  // per instantiation; the attribute is per device function
+    if (!configured[per_cta == 1]) {
+      LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(smem)));
+      configured[per_cta == 1] = true;
+    }
+    const int64_t batches = (vectors + per_cta - 1) / per_cta;
+    // Each CTA loads M (64 KB) once: few enough CTAs that this stays small
+    // beside the K/V traffic, enough for every SM to hold two.
+    const int grid = static_cast<int>(std::min<int64_t>(batches, 2 * int64_t{sms}));
+    cuda::launch_with_pdl(kernel, dim3(grid), dim3(kWriteThreads), smem, stream, a);
+  };
+  // Up to one vector per CTA while that stays within 64 CTAs (4 MB of
+  // rotation loads from L2): a batch-4 decode step of 8 KV heads.
+  if (vectors <= 64) launch(write_kernel<1>, 1);
+  else launch(write_kernel<kWriteVectors>, kWriteVectors);
 }
 
 }  // namespace

@@ -204,9 +204,14 @@ TEST(KvDevice, WriteMatchesHostQuantizer) {
       {KvFormat::fp16, KvFormat::tq4, ScaleDType::f16, RotationKind::hadamard, DataKind::gaussian},
       {KvFormat::tq4, KvFormat::fp16, ScaleDType::f16, RotationKind::haar, DataKind::gaussian},
   };
-  const std::vector<int64_t> lens = {1, 15, 16, 17, 250};
+  // The write kernel quantizes one vector per CTA up to 64 vectors per call
+  // (decode) and 8 per CTA above: the 5-row append and the 14+ token writes
+  // take the second path, the 4-row append and the 2-token write the first.
+  for (const std::vector<int64_t>& lens : {std::vector<int64_t>{1, 3, 15, 16, 17, 250},
+                                           std::vector<int64_t>{2, 33, 40, 250}})
   for (const Case& cs : cases) {
-    SCOPED_TRACE(name(cs.kf, cs.vf) + " " + scale_dtype_name(cs.scale) + " " + rotation_kind_name(cs.rotation));
+    SCOPED_TRACE(name(cs.kf, cs.vf) + " " + scale_dtype_name(cs.scale) + " " + rotation_kind_name(cs.rotation) +
+                 " rows " + std::to_string(lens.size()));
     const KvCacheConfig c = make_config(cs.kf, cs.vf, 16, pages_for(lens, 16), 8, cs.scale, cs.rotation);
     HostBatch hb(c, lens, cs.data, 100);
     DeviceKvCache dev(c);
