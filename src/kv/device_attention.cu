@@ -510,13 +510,20 @@ __global__ void __launch_bounds__(TileLayout<KF, VF>::kWarps * 32, 8 / TileLayou
 // gone through L2) were 128 dependent round trips: ~90 us at batch 1.
 constexpr int kRotThreads = 4 * kD;
 
-// out[g][j] = sum_i in[g][i] * mat[i][j] for g < group, through red (4 partial sums).
-__device__ __forceinline__ void small_matmul(const float (*in)[kD], const float* mat, int group,
-                                             float (*red)[kDeviceMaxGroup][kD]) {
+// This thread's 32 entries of mat (rows 32 part .. 32 part + 31, column j):
+// loaded apart from small_matmul so the kernels can issue them (the matrix is
+// constant) before waiting for the previous kernel.
+__device__ __forceinline__ void load_matrix_slice(const float* mat, float (&m)[32]) {
   const int j = threadIdx.x % kD, part = threadIdx.x / kD;
-  float m[32];
 #pragma unroll
   for (int i = 0; i < 32; ++i) m[i] = mat[(32 * part + i) * kD + j];
+}
+
+// out[g][j] = sum_i in[g][i] * mat[i][j] for g < group, through red (4
+// partial sums); m is this thread's load_matrix_slice of mat.
+__device__ __forceinline__ void small_matmul(const float (*in)[kD], const float (&m)[32], int group,
+                                             float (*red)[kDeviceMaxGroup][kD]) {
+  const int j = threadIdx.x % kD, part = threadIdx.x / kD;
   for (int g = 0; g < group; ++g) {
     float acc = 0.0f;
 #pragma unroll
@@ -529,6 +536,9 @@ __device__ __forceinline__ void small_matmul(const float (*in)[kD], const float*
 // (row, KV head): M is read once for the whole group.
 __global__ void __launch_bounds__(kRotThreads) rotate_queries_kernel(const float* q, const float* m, float* out,
                                                                      int num_q_heads, int group, float scale_log2) {
+  // The rotation is constant: its loads go out before waiting.
+  float mslice[32];
+  if (m != nullptr) load_matrix_slice(m, mslice);
   // Launched with PDL itself: q is the previous kernel's output. The K/V
   // pages the attention kernel prefetches before its own wait were written by
   // the append kernel before that one, complete once this wait returns.
@@ -546,7 +556,7 @@ __global__ void __launch_bounds__(kRotThreads) rotate_queries_kernel(const float
     for (int t = threadIdx.x; t < group * kD; t += kRotThreads) out[base + t] = qs[t / kD][t % kD] * scale_log2;
     return;
   }
-  small_matmul(qs, m, group, red);
+  small_matmul(qs, mslice, group, red);
   __syncthreads();
   for (int t = threadIdx.x; t < group * kD; t += kRotThreads) {
     const int g = t / kD, j = t % kD;
@@ -557,6 +567,8 @@ __global__ void __launch_bounds__(kRotThreads) rotate_queries_kernel(const float
 // out[row][qh] = sum_c 2^(lse_c - M) o_c / sum_c 2^(lse_c - M) over the row's
 // chunks, then @ M^T when V is rotated. In place when part_out == out (one chunk).
 __global__ void __launch_bounds__(kRotThreads) merge_kernel(AttnArgs a, const float* mt, float* out, __half* out16) {
+  float mslice[32];  // the constant un-rotation, requested before waiting
+  if (mt != nullptr) load_matrix_slice(mt, mslice);
   cuda::pdl_wait();
   __shared__ float ys[kDeviceMaxGroup][kD];
   __shared__ float red[4][kDeviceMaxGroup][kD];
@@ -590,7 +602,7 @@ __global__ void __launch_bounds__(kRotThreads) merge_kernel(AttnArgs a, const fl
     for (int t = threadIdx.x; t < a.group * kD; t += kRotThreads) store(t, ys[t / kD][t % kD]);
     return;
   }
-  small_matmul(ys, mt, a.group, red);
+  small_matmul(ys, mslice, a.group, red);
   __syncthreads();
   for (int t = threadIdx.x; t < a.group * kD; t += kRotThreads) {
     const int g = t / kD, j = t % kD;
