@@ -621,12 +621,14 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
     plan.rows_per_pass = r > 0 ? r : w4a16_detail::wgmma_rows_per_tile(M);
     // Fewer tiles than one wave of resident CTAs leaves SMs idle: split K
     // until the wave is full, keeping at least 4 k-iterations per CTA.
-    // Then balance the SMs: the weight stream is shared by the CTAs of an SM,
-    // so the slowest SM holds ceil(CTAs / SMs) of them. Qwen3-14B's gate/up
-    // layer (272 tiles of 80 iterations) gave 3 CTAs to 8 SMs and 2 to the
-    // rest at split 1: the kernel took 2.2x its bytes' time at the copy rate.
-    // Up to 4x the first split is tried, each CTA charged kCtaOverheadIters
-    // for its pipeline fill and its share of the split-K reduction.
+    // Decode tiles (16, 32 rows) are a pure weight stream shared by the CTAs
+    // of an SM, so the slowest SM holds ceil(CTAs / SMs) of them: Qwen3-14B's
+    // gate/up layer (272 tiles of 80 iterations) gave 3 CTAs to 8 SMs and 2
+    // to the rest at split 1 (66 us; 61 us at split 4). For them up to 4x the
+    // first split is tried, each CTA charged kCtaOverheadIters for its
+    // pipeline fill and its share of the split-K reduction. Larger tiles keep
+    // the first split: there the balanced choice took larger splits, and the
+    // run that had it was slower at M >= 128 (docs/w4a16-gemm.md).
     int64_t choice = options.split_k;
     if (choice <= 0) {
       constexpr int64_t kCtaOverheadIters = 3;
@@ -634,8 +636,9 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
           static_cast<int64_t>(w4a16_detail::wgmma_ctas_per_sm(plan.rows_per_pass, bf16)) * sms;
       const int64_t n_tiles = tiles(plan.rows_per_pass), max_split = std::max(1, iters / 4);
       const int64_t first = std::min<int64_t>(std::max<int64_t>(1, wave / n_tiles), max_split);
+      const int64_t last = plan.rows_per_pass <= 32 ? std::min(4 * first, max_split) : first;
       int64_t best_cost = -1;
-      for (int64_t s = first; s <= std::min(4 * first, max_split); ++s) {
+      for (int64_t s = first; s <= last; ++s) {
         const int64_t cost = (n_tiles * s + sms - 1) / sms * ((iters + s - 1) / s + kCtaOverheadIters);
         if (best_cost < 0 || cost < best_cost) best_cost = cost, choice = s;
       }

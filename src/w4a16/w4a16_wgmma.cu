@@ -311,44 +311,39 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>)
   __syncthreads();
   if (!last_cta) return;
   __threadfence();
-  // The last CTA sums the partials. The loads are the cost: L2 round trips.
-  // All (split, 4-column group) pairs of a chunk of the tile are loaded at
-  // once by all threads into the (now idle) stage memory, then each output
-  // is summed over the splits in a fixed order (bitwise reproducible). The
-  // previous version looped over the splits per output, one round trip per
-  // split: at decode (split 9-16) that was several microseconds per GEMM.
+  // The last CTA's sum is a chain of L2 round trips: float4 loads, four per
+  // thread in flight per round, rather than one output at a time (which cost
+  // ~1 us per output per thread for the 256-row tile's 128 outputs each).
   const int quads = min(kMTile, args.M - m0) * 32;  // float4 groups of the tile's 128 columns
   const int64_t split_stride = static_cast<int64_t>(args.M) * args.N_pad;
-  float4* staged = reinterpret_cast<float4*>(smem);
-  const int chunk = max(1, (kStages * S::kStageBytes) / (16 * args.split_k));
-  __syncthreads();  // every warpgroup is done with the stages
-  for (int q0 = 0; q0 < quads; q0 += chunk) {
-    const int nq = min(chunk, quads - q0);
-    for (int i = tid; i < args.split_k * nq; i += kThreads) {
-      const int sp = i / nq, q = q0 + i % nq;
-      const int row = m0 + q / 32, col = blockIdx.y * 128 + (q % 32) * 4;
-      staged[i] = col < args.N_pad ? __ldcg(reinterpret_cast<const float4*>(
-                                         args.partial + sp * split_stride + static_cast<int64_t>(row) * args.N_pad + col))
-                                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-    __syncthreads();
-    for (int i = tid; i < nq; i += kThreads) {
-      const int q = q0 + i;
-      const int row = m0 + q / 32, col = blockIdx.y * 128 + (q % 32) * 4;
-      float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      for (int sp = 0; sp < args.split_k; ++sp) {  // fixed order
-        const float4 v = staged[sp * nq + i];
-        sum.x += v.x;
-        sum.y += v.y;
-        sum.z += v.z;
-        sum.w += v.w;
+  for (int base = tid; base < quads; base += 4 * kThreads) {
+    float4 sum[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) sum[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int sp = 0; sp < args.split_k; ++sp)  // fixed order: bitwise reproducible
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int q = base + u * kThreads;
+        const int row = m0 + q / 32, col = blockIdx.y * 128 + (q % 32) * 4;
+        if (q < quads && col < args.N_pad) {
+          const float4 v = __ldcg(reinterpret_cast<const float4*>(
+              args.partial + sp * split_stride + static_cast<int64_t>(row) * args.N_pad + col));
+          sum[u].x += v.x;
+          sum[u].y += v.y;
+          sum[u].z += v.z;
+          sum[u].w += v.w;
+        }
       }
-      const float v[4] = {sum.x, sum.y, sum.z, sum.w};
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int q = base + u * kThreads;
+      const int row = m0 + q / 32, col = blockIdx.y * 128 + (q % 32) * 4;
+      if (q >= quads) continue;
+      const float v[4] = {sum[u].x, sum[u].y, sum[u].z, sum[u].w};
 #pragma unroll
       for (int e = 0; e < 4; ++e)
         if (col + e < args.N) y[static_cast<int64_t>(row) * args.ldy + col + e] = from_float<T>(v[e]);
     }
-    __syncthreads();  // the chunk's stage memory is reused by the next
   }
   if (tid == 0) *counter = 0;  // ready for the next call
 #else
