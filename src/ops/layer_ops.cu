@@ -90,6 +90,26 @@ __device__ float block_sum(float v, float* scratch) {
 // order i = t, t + blockDim, ..., whatever the chunking.
 constexpr int kChunk = 8;
 
+// out[i] = src[i] * inv_rms * w[i] for i = t, t + blockDim, ..., kChunk loads
+// in flight per thread.
+template <typename T>
+__device__ __forceinline__ void store_normalized(const T* __restrict__ src, const T* __restrict__ w, float inv_rms,
+                                                 T* __restrict__ out, int64_t dim) {
+  const int64_t step = blockDim.x;
+  for (int64_t base = threadIdx.x; base < dim; base += kChunk * step) {
+    float v[kChunk], g[kChunk];
+#pragma unroll
+    for (int c = 0; c < kChunk; ++c) {
+      const int64_t i = base + c * step;
+      v[c] = i < dim ? to_float(src[i]) : 0.0f;
+      g[c] = i < dim ? to_float(w[i]) : 0.0f;
+    }
+#pragma unroll
+    for (int c = 0; c < kChunk; ++c)
+      if (base + c * step < dim) out[base + c * step] = from_float<T>(v[c] * inv_rms * g[c]);
+  }
+}
+
 template <typename T>
 __global__ void rms_norm_kernel(const T* __restrict__ x, const T* __restrict__ w, float eps, T* __restrict__ y,
                                 int64_t dim) {
@@ -108,19 +128,7 @@ __global__ void rms_norm_kernel(const T* __restrict__ x, const T* __restrict__ w
       if (base + c * step < dim) sum_sq += v[c] * v[c];
   }
   const float inv_rms = rsqrtf(block_sum(sum_sq, scratch) / static_cast<float>(dim) + eps);
-  T* out = y + blockIdx.x * dim;
-  for (int64_t base = threadIdx.x; base < dim; base += kChunk * step) {
-    float v[kChunk], g[kChunk];
-#pragma unroll
-    for (int c = 0; c < kChunk; ++c) {
-      const int64_t i = base + c * step;
-      v[c] = i < dim ? to_float(row[i]) : 0.0f;
-      g[c] = i < dim ? to_float(w[i]) : 0.0f;
-    }
-#pragma unroll
-    for (int c = 0; c < kChunk; ++c)
-      if (base + c * step < dim) out[base + c * step] = from_float<T>(v[c] * inv_rms * g[c]);
-  }
+  store_normalized(row, w, inv_rms, y + blockIdx.x * dim, dim);
 }
 
 // The residual is rounded to T when stored, and the norm is taken of the
@@ -154,20 +162,8 @@ __global__ void add_rms_norm_kernel(T* __restrict__ residual, const T* __restric
     }
   }
   const float inv_rms = rsqrtf(block_sum(sum_sq, scratch) / static_cast<float>(dim) + eps);
-  T* out = y + blockIdx.x * dim;
   // Each thread re-reads only the elements it wrote above: no barrier needed.
-  for (int64_t base = threadIdx.x; base < dim; base += kChunk * step) {
-    float v[kChunk], g[kChunk];
-#pragma unroll
-    for (int c = 0; c < kChunk; ++c) {
-      const int64_t i = base + c * step;
-      v[c] = i < dim ? to_float(res[i]) : 0.0f;
-      g[c] = i < dim ? to_float(w[i]) : 0.0f;
-    }
-#pragma unroll
-    for (int c = 0; c < kChunk; ++c)
-      if (base + c * step < dim) out[base + c * step] = from_float<T>(v[c] * inv_rms * g[c]);
-  }
+  store_normalized(res, w, inv_rms, y + blockIdx.x * dim, dim);
 }
 
 // One warp per head vector (head_dim <= 1024 values, 32 per lane at most).

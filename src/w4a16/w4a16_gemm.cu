@@ -391,6 +391,27 @@ int sm_count(int device) {
   return cached;
 }
 
+// The problem as the wgmma and gemv kernels take it (partials and counters
+// are filled in by the caller when K is split).
+w4a16_detail::TiledGemmArgs tiled_args(const void* x, int64_t ldx, const W4A16Weights& w, const TensorView& y,
+                                       int64_t M, int iters, int group_shift, int split_k) {
+  w4a16_detail::TiledGemmArgs a{};
+  a.x = x;
+  a.ldx = ldx;
+  a.qweight = static_cast<const uint4*>(w.qweight());
+  a.scale_zero = w.scale_zero();
+  a.y = y.data;
+  a.ldy = y.strides[0];
+  a.M = static_cast<int>(M);
+  a.K = static_cast<int>(w.K());
+  a.N = static_cast<int>(w.N());
+  a.N_pad = static_cast<int>(w.N_padded());
+  a.iters = iters;
+  a.group_shift = group_shift;
+  a.split_k = split_k;
+  return a;
+}
+
 void check_activation(const TensorView& v, const char* name, const W4A16Weights& w, int64_t cols) {
   if (v.device != Device::cuda)
     fail_argument(name, device_name(v.device), "a CUDA device tensor");
@@ -746,20 +767,7 @@ void w4a16_gemm(const TensorView& x, const W4A16Weights& w, const TensorView& y,
     if (!w4a16_wgmma_available(w.device()))
       fail(ErrorKind::unsupported, "W4A16 strategy 'wgmma' needs a compute capability 9.0 device and a build for "
                                    "sm_90a (CMAKE_CUDA_ARCHITECTURES with 90a)");
-    w4a16_detail::WgmmaArgs a{};
-    a.x = xin;
-    a.ldx = ldx;
-    a.qweight = static_cast<const uint4*>(w.qweight());
-    a.scale_zero = w.scale_zero();
-    a.y = y.data;
-    a.ldy = y.strides[0];
-    a.M = static_cast<int>(M);
-    a.K = static_cast<int>(w.K());
-    a.N = static_cast<int>(w.N());
-    a.N_pad = static_cast<int>(w.N_padded());
-    a.iters = iters;
-    a.group_shift = group_shift;
-    a.split_k = plan.split_k;
+    w4a16_detail::TiledGemmArgs a = tiled_args(xin, ldx, w, y, M, iters, group_shift, plan.split_k);
     if (plan.split_k > 1) {
       const int64_t tiles = (M + plan.rows_per_pass - 1) / plan.rows_per_pass *
                             ((w.N_padded() + w4a16_detail::kWgmmaColsPerTile - 1) / w4a16_detail::kWgmmaColsPerTile);
@@ -775,20 +783,7 @@ void w4a16_gemm(const TensorView& x, const W4A16Weights& w, const TensorView& y,
   }
 
   if (plan.strategy == W4A16Strategy::gemv) {
-    w4a16_detail::GemvArgs a{};
-    a.x = xin;
-    a.ldx = ldx;
-    a.qweight = static_cast<const uint4*>(w.qweight());
-    a.scale_zero = w.scale_zero();
-    a.y = y.data;
-    a.ldy = y.strides[0];
-    a.M = static_cast<int>(M);
-    a.K = static_cast<int>(w.K());
-    a.N = static_cast<int>(w.N());
-    a.N_pad = static_cast<int>(w.N_padded());
-    a.iters = iters;
-    a.group_shift = group_shift;
-    a.split_k = plan.split_k;
+    w4a16_detail::TiledGemmArgs a = tiled_args(xin, ldx, w, y, M, iters, group_shift, plan.split_k);
     if (plan.split_k > 1) {
       const int64_t passes = (M + plan.rows_per_pass - 1) / plan.rows_per_pass;
       // Slot 2: the ordered partials; slot 3: one counter per (pass, block), kept zero.

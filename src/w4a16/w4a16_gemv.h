@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "w4a16_kernel_args.h"
+
 namespace lowbit::w4a16_detail {
 
 // Rows of x one pass of the kernel serves: the n of mma.m16n8k16.
@@ -14,20 +16,7 @@ inline constexpr int kGemvRowsPerPass = 8;
 // K split is raised until a CTA's range fits.
 inline constexpr int kGemvMaxStagedElements = 8192;
 
-struct GemvArgs {
-  const void* x;  // [M, K] (already permuted for act-order), row stride ldx, rows 16-byte aligned
-  int64_t ldx;
-  const uint4* qweight;  // tiled layout (w4a16_layout.h)
-  const uint32_t* scale_zero;
-  void* y;  // [M, N], row stride ldy
-  int64_t ldy;
-  float* partial;  // split_k > 1: [split_k, M, N_pad] partial sums
-  int* counters;   // split_k > 1: one per (pass, 64-column block), zero between calls
-  int M, K, N, N_pad;
-  int iters;        // K_pad / 64
-  int group_shift;  // log2(group size), or -1 for per channel
-  int split_k;
-};
+using GemvArgs = TiledGemmArgs;  // counters: one per (pass, 64-column block)
 
 // The smallest K split whose per-CTA activation slice fits the staging
 // buffer for passes of min(M, 8) rows.

@@ -6,22 +6,11 @@
 
 #include <cstdint>
 
+#include "w4a16_kernel_args.h"
+
 namespace lowbit::w4a16_detail {
 
-struct WgmmaArgs {
-  const void* x;  // [M, K] (already permuted for act-order), row stride ldx, rows 16-byte aligned
-  int64_t ldx;
-  const uint4* qweight;  // tiled layout (w4a16_layout.h)
-  const uint32_t* scale_zero;
-  void* y;  // [M, N], row stride ldy
-  int64_t ldy;
-  float* partial;  // split_k > 1: [split_k, M, N_pad] partial sums
-  int* counters;   // split_k > 1: one per output tile, zero between calls
-  int M, K, N, N_pad;
-  int iters;        // K_pad / 64
-  int group_shift;  // log2(group size), or -1 for per channel
-  int split_k;
-};
+using WgmmaArgs = TiledGemmArgs;
 
 // Rows of M per CTA tile (the wgmma N dimension): 16, 32, 64, 128 or 256.
 int wgmma_rows_per_tile(int64_t M);

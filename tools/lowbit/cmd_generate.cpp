@@ -47,19 +47,14 @@ std::string mib(double bytes) {
 }
 
 struct Options {
-  std::string model;
+  ModelRunOptions run;
   std::vector<std::string> prompts;
   int64_t max_tokens = 128;
-  std::string device = "auto";
-  std::string weights = "auto";
-  std::string kv = "fp16";
-  std::string kv_k, kv_v;
   bool chat = false;
   float temperature = 0.0f;
   int top_k = 0;
   float top_p = 1.0f;
   uint64_t seed = 0;
-  int threads = 0;
   int64_t max_context = 0;
   bool quiet = false;
   bool ignore_eos = false;
@@ -67,18 +62,11 @@ struct Options {
 };
 
 void run_generate(const Options& o) {
-  const fs::path model_path = o.model.empty() ? default_model() : fs::path(o.model);
-  if (!fs::exists(model_path)) fail(ErrorKind::io, "model ", model_path.string(), " does not exist");
-  if (!parse_weight_mode(o.weights)) fail_argument("--weights", o.weights, "auto, fp16 or w4");
-  CpuBackendOptions backend_options;
-  backend_options.kv.k = kv_option(o.kv_k.empty() ? o.kv : o.kv_k, "--kv-k");
-  backend_options.kv.v = kv_option(o.kv_v.empty() ? o.kv : o.kv_v, "--kv-v");
-  backend_options.threads = o.threads;
-  // Refuse --device cuda before the (slow) load.
-  check_device(o.device);
+  const fs::path model_path = cli::model_path(o.run);
+  CpuBackendOptions backend_options = cli::backend_options(o.run);  // refuses --device cuda before the slow load
 
   const tokenizer::BpeTokenizer tok = load_tokenizer(model_path, "generate");
-  const Model model = load_model_for_cli(model_path, o.weights, o.quiet);
+  const Model model = load_model_for_cli(model_path, o.run.weights, o.quiet);
   if (tok.vocab_size() > model.config.vocab)
     fail(ErrorKind::format, "the tokenizer has ", tok.vocab_size(), " tokens but the model only ", model.config.vocab);
 
@@ -96,7 +84,7 @@ void run_generate(const Options& o) {
   backend_options.kv.max_tokens = o.max_context > 0 ? o.max_context : longest + o.max_tokens;
   if (longest + o.max_tokens > backend_options.kv.max_tokens)
     fail_argument("--max-context", backend_options.kv.max_tokens, "at least the prompt plus --max-tokens");
-  std::unique_ptr<Backend> backend = make_backend(o.device, model, backend_options);
+  std::unique_ptr<Backend> backend = make_backend(o.run.device, model, backend_options);
 
   GenerateOptions gen;
   gen.max_tokens = o.max_tokens;
@@ -184,27 +172,16 @@ void add_generate_command(CLI::App& app) {
       "SmolLM2-135M-Instruct Q4_1, from the cache (scripts/fetch-default-model puts it there).\n"
       "Streams the text, then prints prefill and decode tokens/s and memory.");
   static Options o;
-  cmd->add_option("--model", o.model, "Model file or folder (default: the cached default model)");
+  add_model_run_options(*cmd, o.run);
   cmd->add_option("--prompt", o.prompts, "Prompt text; repeat for a batch of prompts decoded together")
       ->expected(1)
       ->take_all();
   cmd->add_option("--max-tokens", o.max_tokens, "New tokens per prompt")->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
-  cmd->add_option("--device", o.device, "auto (the GPU when one is visible and its kernels cover the model), cpu or cuda")
-      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  cmd->add_option("--weights", o.weights,
-                  "auto: as stored; fp16: every linear unquantized; w4: 4-bit RTN (group 128) on load")
-      ->check(CLI::IsMember({"auto", "fp16", "w4"}));
-  cmd->add_option("--kv", o.kv, "KV cache format for K and V: fp32, fp16, tq4, tq3, tq2")
-      ->check(CLI::IsMember({"fp32", "fp16", "tq4", "tq3", "tq2"}));
-  cmd->add_option("--kv-k", o.kv_k, "K format (overrides --kv)")->check(CLI::IsMember({"fp32", "fp16", "tq4", "tq3", "tq2"}));
-  cmd->add_option("--kv-v", o.kv_v, "V format (overrides --kv)")->check(CLI::IsMember({"fp32", "fp16", "tq4", "tq3", "tq2"}));
   cmd->add_flag("--chat", o.chat, "Wrap the prompt in the model's chat template (a user turn)");
   cmd->add_option("--temperature", o.temperature, "0 = greedy")->check(CLI::Range(0.0f, 100.0f));
   cmd->add_option("--top-k", o.top_k, "Sample among the k most likely tokens (0 = all)")->check(CLI::NonNegativeNumber);
   cmd->add_option("--top-p", o.top_p, "Nucleus sampling threshold in (0, 1]")->check(CLI::Range(0.0f, 1.0f));
   cmd->add_option("--seed", o.seed, "Sampling seed");
-  cmd->add_option("--threads", o.threads, "CPU threads (default: LOWBIT_NUM_THREADS or all cores)")
-      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--max-context", o.max_context, "KV cache capacity per prompt in tokens (default: prompt + max-tokens)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--quiet", o.quiet, "Print only the generated text");

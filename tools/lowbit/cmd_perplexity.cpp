@@ -30,14 +30,10 @@ namespace fs = std::filesystem;
 using namespace lowbit::engine;
 
 struct Options {
-  std::string model, text;
+  ModelRunOptions run;
+  std::string text;
   int64_t max_tokens = 1024;
   int64_t chunk = 512;
-  std::string device = "auto";
-  std::string weights = "auto";
-  std::string kv = "fp16";
-  std::string kv_k, kv_v;
-  int threads = 0;
   bool quiet = false;
   std::string json;
 };
@@ -52,14 +48,8 @@ std::string read_text(const std::string& path) {
 }
 
 void run_perplexity(const Options& o) {
-  const fs::path model_path = o.model.empty() ? default_model() : fs::path(o.model);
-  if (!fs::exists(model_path)) fail(ErrorKind::io, "model ", model_path.string(), " does not exist");
-  if (!parse_weight_mode(o.weights)) fail_argument("--weights", o.weights, "auto, fp16 or w4");
-  CpuBackendOptions backend_options;
-  backend_options.kv.k = kv_option(o.kv_k.empty() ? o.kv : o.kv_k, "--kv-k");
-  backend_options.kv.v = kv_option(o.kv_v.empty() ? o.kv : o.kv_v, "--kv-v");
-  backend_options.threads = o.threads;
-  check_device(o.device);
+  const fs::path model_path = cli::model_path(o.run);
+  CpuBackendOptions backend_options = cli::backend_options(o.run);
   const std::string text = read_text(o.text);
 
   const tokenizer::BpeTokenizer tok = load_tokenizer(model_path, "perplexity");
@@ -67,10 +57,10 @@ void run_perplexity(const Options& o) {
   if (static_cast<int64_t>(tokens.size()) > o.max_tokens) tokens.resize(static_cast<size_t>(o.max_tokens));
   if (tokens.size() < 2)
     fail_argument("--text", o.text, "a text of at least 2 tokens (with the BOS token) to score");
-  const Model model = load_model_for_cli(model_path, o.weights, o.quiet);
+  const Model model = load_model_for_cli(model_path, o.run.weights, o.quiet);
   backend_options.kv.max_sequences = 1;
   backend_options.kv.max_tokens = static_cast<int64_t>(tokens.size());
-  std::unique_ptr<Backend> backend = make_backend(o.device, model, backend_options);
+  std::unique_ptr<Backend> backend = make_backend(o.run.device, model, backend_options);
 
   PerplexityOptions options;
   options.chunk = o.chunk;
@@ -117,7 +107,7 @@ void add_perplexity_command(CLI::App& app) {
       "through the KV cache. Compare --weights and --kv formats on the same text to see what they cost.\n"
       "Example: lowbit perplexity --text data/perplexity/lowbit-prose.txt --kv tq4");
   static Options o;
-  cmd->add_option("--model", o.model, "Model file or folder (default: the cached default model)");
+  add_model_run_options(*cmd, o.run);
   cmd->add_option("--text", o.text, "UTF-8 text file to score")->required();
   cmd->add_option("--max-tokens", o.max_tokens, "Score at most this many tokens of the text")
       ->check(CLI::Range(int64_t{2}, int64_t{1} << 24))
@@ -125,17 +115,6 @@ void add_perplexity_command(CLI::App& app) {
   cmd->add_option("--chunk", o.chunk, "Tokens per forward call")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
       ->capture_default_str();
-  cmd->add_option("--device", o.device, "auto (the GPU when one is visible and its kernels cover the model), cpu or cuda")
-      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  cmd->add_option("--weights", o.weights,
-                  "auto: as stored; fp16: every linear unquantized; w4: 4-bit RTN (group 128) on load")
-      ->check(CLI::IsMember({"auto", "fp16", "w4"}));
-  cmd->add_option("--kv", o.kv, "KV cache format for K and V: fp32, fp16, tq4, tq3, tq2")
-      ->check(CLI::IsMember({"fp32", "fp16", "tq4", "tq3", "tq2"}));
-  cmd->add_option("--kv-k", o.kv_k, "K format (overrides --kv)")->check(CLI::IsMember({"fp32", "fp16", "tq4", "tq3", "tq2"}));
-  cmd->add_option("--kv-v", o.kv_v, "V format (overrides --kv)")->check(CLI::IsMember({"fp32", "fp16", "tq4", "tq3", "tq2"}));
-  cmd->add_option("--threads", o.threads, "CPU threads (default: LOWBIT_NUM_THREADS or all cores)")
-      ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--quiet", o.quiet, "Print only the perplexity line");
   cmd->add_option("--json", o.json, "Also write the numbers as one JSON line to this file");
   cmd->callback([] { run_perplexity(o); });

@@ -64,4 +64,35 @@ engine::KvStorage kv_option(const std::string& name, const char* flag) {
   return *s;
 }
 
+void add_model_run_options(CLI::App& cmd, ModelRunOptions& o) {
+  cmd.add_option("--model", o.model, "Model file or folder (default: the cached default model)");
+  cmd.add_option("--device", o.device, "auto (the GPU when one is visible and its kernels cover the model), cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  cmd.add_option("--weights", o.weights,
+                 "auto: as stored; fp16: every linear unquantized; w4: 4-bit RTN (group 128) on load")
+      ->check(CLI::IsMember({"auto", "fp16", "w4"}));
+  const auto formats = CLI::IsMember({"fp32", "fp16", "tq4", "tq3", "tq2"});
+  cmd.add_option("--kv", o.kv, "KV cache format for K and V: fp32, fp16, tq4, tq3, tq2")->check(formats);
+  cmd.add_option("--kv-k", o.kv_k, "K format (overrides --kv)")->check(formats);
+  cmd.add_option("--kv-v", o.kv_v, "V format (overrides --kv)")->check(formats);
+  cmd.add_option("--threads", o.threads, "CPU threads (default: LOWBIT_NUM_THREADS or all cores)")
+      ->check(CLI::NonNegativeNumber);
+}
+
+fs::path model_path(const ModelRunOptions& o) {
+  const fs::path p = o.model.empty() ? default_model() : fs::path(o.model);
+  if (!fs::exists(p)) fail(ErrorKind::io, "model ", p.string(), " does not exist");
+  return p;
+}
+
+engine::CpuBackendOptions backend_options(const ModelRunOptions& o) {
+  if (!engine::parse_weight_mode(o.weights)) fail_argument("--weights", o.weights, "auto, fp16 or w4");
+  engine::CpuBackendOptions b;
+  b.kv.k = kv_option(o.kv_k.empty() ? o.kv : o.kv_k, "--kv-k");
+  b.kv.v = kv_option(o.kv_v.empty() ? o.kv : o.kv_v, "--kv-v");
+  b.threads = o.threads;
+  engine::check_device(o.device);
+  return b;
+}
+
 }  // namespace lowbit::cli

@@ -3,9 +3,12 @@
 // and parsing KV-cache format names.
 #pragma once
 
+#include <CLI/CLI.hpp>
+
 #include <filesystem>
 #include <string>
 
+#include "lowbit/engine/backend.h"
 #include "lowbit/engine/kv_store.h"
 #include "lowbit/engine/weights.h"
 #include "lowbit/tokenizer/bpe_tokenizer.h"
@@ -27,5 +30,23 @@ engine::Model load_model_for_cli(const std::filesystem::path& path, const std::s
 
 // "fp32", "fp16", "tq4", "tq3", "tq2"; `flag` names the option in errors.
 engine::KvStorage kv_option(const std::string& name, const char* flag);
+
+// The options of every command that runs a model: which model, where, and
+// in which weight and KV-cache formats.
+struct ModelRunOptions {
+  std::string model;
+  std::string device = "auto";
+  std::string weights = "auto";
+  std::string kv = "fp16";
+  std::string kv_k, kv_v;
+  int threads = 0;
+};
+// Adds --model, --device, --weights, --kv, --kv-k, --kv-v and --threads.
+void add_model_run_options(CLI::App& cmd, ModelRunOptions& o);
+// --model, or the default model; Error(io) when it does not exist.
+std::filesystem::path model_path(const ModelRunOptions& o);
+// The KV formats and threads (max_tokens / max_sequences left to the caller);
+// also checks --weights and that --device can run here, before any slow load.
+engine::CpuBackendOptions backend_options(const ModelRunOptions& o);
 
 }  // namespace lowbit::cli

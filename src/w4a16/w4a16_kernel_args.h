@@ -1,0 +1,27 @@
+// What the host passes to the W4A16 kernels that take the problem whole (the
+// sm_90a wgmma kernel and the decode gemv kernel), internal to the module.
+// Plain C++ header.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace lowbit::w4a16_detail {
+
+struct TiledGemmArgs {
+  const void* x;  // [M, K] (already permuted for act-order), row stride ldx, rows 16-byte aligned
+  int64_t ldx;
+  const uint4* qweight;  // tiled layout (w4a16_layout.h)
+  const uint32_t* scale_zero;
+  void* y;  // [M, N], row stride ldy
+  int64_t ldy;
+  float* partial;  // split_k > 1: [split_k, M, N_pad] partial sums
+  int* counters;   // split_k > 1: one per output tile, zero between calls
+  int M, K, N, N_pad;
+  int iters;        // K_pad / 64
+  int group_shift;  // log2(group size), or -1 for per channel
+  int split_k;
+};
+
+}  // namespace lowbit::w4a16_detail
