@@ -316,6 +316,48 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>)
   // ~1 us per output per thread for the 256-row tile's 128 outputs each).
   const int quads = min(kMTile, args.M - m0) * 32;  // float4 groups of the tile's 128 columns
   const int64_t split_stride = static_cast<int64_t>(args.M) * args.N_pad;
+  constexpr int kStagedPerThread = 4;
+  if (quads * args.split_k <= kStagedPerThread * kThreads) {
+    // Decode (a row or two, split 8-16): the loop below would have 32-64
+    // threads walk the splits one L2 round trip at a time. Instead all
+    // threads load the (split, group) pairs at once, up to 4 each, into the
+    // idle stage memory (16 KB at most); then one thread per group sums them
+    // in the same order as the loop (the same bits).
+    float4* staged = reinterpret_cast<float4*>(smem);
+    const int pairs = quads * args.split_k;
+    __syncthreads();  // every warpgroup is done with the stages
+    float4 v[kStagedPerThread];
+#pragma unroll
+    for (int u = 0; u < kStagedPerThread; ++u) {
+      const int i = tid + u * kThreads, sp = i / quads, q = i % quads;
+      const int row = m0 + q / 32, col = blockIdx.y * 128 + (q % 32) * 4;
+      v[u] = i < pairs && col < args.N_pad
+                 ? __ldcg(reinterpret_cast<const float4*>(args.partial + sp * split_stride +
+                                                          static_cast<int64_t>(row) * args.N_pad + col))
+                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int u = 0; u < kStagedPerThread; ++u)
+      if (tid + u * kThreads < pairs) staged[tid + u * kThreads] = v[u];
+    __syncthreads();
+    if (tid < quads) {
+      const int row = m0 + tid / 32, col = blockIdx.y * 128 + (tid % 32) * 4;
+      float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      for (int sp = 0; sp < args.split_k; ++sp) {
+        const float4 p = staged[sp * quads + tid];
+        sum.x += p.x;
+        sum.y += p.y;
+        sum.z += p.z;
+        sum.w += p.w;
+      }
+      const float out[4] = {sum.x, sum.y, sum.z, sum.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (col + e < args.N) y[static_cast<int64_t>(row) * args.ldy + col + e] = from_float<T>(out[e]);
+    }
+    if (tid == 0) *counter = 0;
+    return;
+  }
   for (int base = tid; base < quads; base += 4 * kThreads) {
     float4 sum[4];
 #pragma unroll
