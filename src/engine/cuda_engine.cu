@@ -432,9 +432,9 @@ void CudaEngine::prepare(std::span<const StepRow> rows, bool all_tokens) {
   const int64_t logit_rows = all_tokens ? M : static_cast<int64_t>(rows.size());
   ensure_capacity(M, logit_rows);
   // Pageable host sources: these copies are staged before they return. The
-  // previous step's tables are freed by the assignment below (cudaFree waits
-  // for the kernels that read them).
-  tables_ = kv::DeviceBlockTables::from_host(tables, lengths, options_.page_size);
+  // tables' device buffers are reused (no allocation per step); the copies
+  // are ordered after the previous step's kernels on the engine's stream.
+  tables_.assign(tables, lengths, options_.page_size, stream_);
   LOWBIT_CUDA_CHECK(cudaMemcpyAsync(positions_.data(), positions.data(), positions.size() * 4,
                                     cudaMemcpyHostToDevice, stream_));
   if (!all_tokens) {

@@ -117,14 +117,17 @@ std::vector<std::byte> DeviceKvCache::download_pool(int layer) const {
 
 // ------------------------------------------------------------ block tables --
 
-DeviceBlockTables DeviceBlockTables::from_host(std::span<const std::vector<int32_t>> tables,
-                                               std::span<const int64_t> lengths, int page_size) {
+namespace {
+// The checked, flattened form of explicit tables: [rows][stride] pages and
+// the lengths, with t's rows, stride, host_lengths and max_length set.
+void flatten_tables(std::span<const std::vector<int32_t>> tables, std::span<const int64_t> lengths,
+                    int page_size, DeviceBlockTables& t, std::vector<int32_t>& flat, std::vector<int32_t>& lens) {
   LOWBIT_CHECK_ARG(!tables.empty() && tables.size() == lengths.size(), "tables", tables.size(),
                    "one table per length (" + std::to_string(lengths.size()) + "), at least one");
   LOWBIT_CHECK_ARG(page_size >= kMinPageSize, "page_size", page_size, "at least 16");
-  DeviceBlockTables t;
   t.rows = static_cast<int>(tables.size());
   t.stride = 1;
+  t.max_length = 0;
   for (size_t r = 0; r < tables.size(); ++r) {
     const int64_t len = lengths[r];
     LOWBIT_CHECK_ARG(len >= 0 && len < (int64_t{1} << 31), "lengths[" + std::to_string(r) + "]", len,
@@ -135,18 +138,45 @@ DeviceBlockTables DeviceBlockTables::from_host(std::span<const std::vector<int32
     t.stride = std::max<int64_t>(t.stride, static_cast<int64_t>(tables[r].size()));
     t.max_length = std::max(t.max_length, len);
   }
-  std::vector<int32_t> flat(static_cast<size_t>(t.rows * t.stride), 0);
-  std::vector<int32_t> lens(static_cast<size_t>(t.rows));
+  flat.assign(static_cast<size_t>(t.rows * t.stride), 0);
+  lens.resize(static_cast<size_t>(t.rows));
   for (size_t r = 0; r < tables.size(); ++r) {
     std::copy(tables[r].begin(), tables[r].end(), flat.begin() + static_cast<int64_t>(r) * t.stride);
     lens[r] = static_cast<int32_t>(lengths[r]);
   }
   t.host_lengths.assign(lengths.begin(), lengths.end());
+}
+}  // namespace
+
+DeviceBlockTables DeviceBlockTables::from_host(std::span<const std::vector<int32_t>> tables,
+                                               std::span<const int64_t> lengths, int page_size) {
+  DeviceBlockTables t;
+  std::vector<int32_t> flat, lens;
+  flatten_tables(tables, lengths, page_size, t, flat, lens);
   t.tables = Buffer(flat.size() * 4, Device::cuda);
   Buffer::copy(t.tables.data(), Device::cuda, flat.data(), Device::cpu, flat.size() * 4);
   t.lengths = Buffer(lens.size() * 4, Device::cuda);
   Buffer::copy(t.lengths.data(), Device::cuda, lens.data(), Device::cpu, lens.size() * 4);
   return t;
+}
+
+void DeviceBlockTables::assign(std::span<const std::vector<int32_t>> tables, std::span<const int64_t> lengths,
+                               int page_size, cudaStream_t stream) {
+  std::vector<int32_t> flat, lens;
+  DeviceBlockTables next;
+  flatten_tables(tables, lengths, page_size, next, flat, lens);  // checks before anything changes
+  rows = next.rows;
+  stride = next.stride;
+  max_length = next.max_length;
+  host_lengths = std::move(next.host_lengths);
+  if (this->tables.size() < flat.size() * 4) this->tables = Buffer(flat.size() * 4, Device::cuda);
+  if (this->lengths.size() < lens.size() * 4) this->lengths = Buffer(lens.size() * 4, Device::cuda);
+  // Pageable sources: each copy is staged before the call returns, so the
+  // vectors may go; the device side runs in stream order.
+  LOWBIT_CUDA_CHECK(
+      cudaMemcpyAsync(this->tables.data(), flat.data(), flat.size() * 4, cudaMemcpyHostToDevice, stream));
+  LOWBIT_CUDA_CHECK(
+      cudaMemcpyAsync(this->lengths.data(), lens.data(), lens.size() * 4, cudaMemcpyHostToDevice, stream));
 }
 
 DeviceBlockTables DeviceBlockTables::from_cache(const PagedKvCache& cache, std::span<const int> seqs) {

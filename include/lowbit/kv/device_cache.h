@@ -90,9 +90,15 @@ struct DeviceBlockTables {
 
   // The tables and lengths of `seqs` of a host cache.
   static DeviceBlockTables from_cache(const PagedKvCache& cache, std::span<const int> seqs);
-  // From explicit tables (each at least ceil(length / page_size) pages).
+  // From explicit tables (each at least ceil(length / page_size) pages);
+  // the device copies are complete when it returns.
   static DeviceBlockTables from_host(std::span<const std::vector<int32_t>> tables,
                                      std::span<const int64_t> lengths, int page_size);
+  // The same, in place: keeps the device buffers when they are large enough
+  // (no allocation, so no implicit synchronization, per decode step) and
+  // copies on `stream`, ordered after the kernels that read the old values.
+  void assign(std::span<const std::vector<int32_t>> tables, std::span<const int64_t> lengths, int page_size,
+              cudaStream_t stream);
 };
 
 // Quantizes and stores one token per row: row b's k/v ([rows][num_kv_heads]
