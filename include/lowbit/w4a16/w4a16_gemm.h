@@ -27,6 +27,8 @@
 //                          rows of x its n columns, weights streamed straight
 //                          into registers; K split with a deterministic
 //                          reduction; larger M runs in passes of 8 rows
+//                          (slower than wgmma on the H100: not chosen by
+//                          automatic)
 //   automatic              chosen by M, N, K and the device's SM count
 #pragma once
 
