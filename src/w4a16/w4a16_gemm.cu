@@ -607,25 +607,19 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
     }
   }
   if (plan.strategy == W4A16Strategy::gemv) {
+    // A persistent grid: split_k is its CTA count, at most one wave of
+    // resident CTAs, and few enough that each streams kMinUnitsPerCta units
+    // (4 KB each) or more, since every CTA pays a pipeline fill and, for a
+    // tile it shares, a hand-over through the partials.
+    constexpr int64_t kMinUnitsPerCta = 8;
     plan.rows_per_pass = w4a16_detail::kGemvRowsPerPass;
-    const int64_t blocks = (w.N_padded() / 64) * ((M + plan.rows_per_pass - 1) / plan.rows_per_pass);
-    const int min_split = w4a16_detail::gemv_min_split(M, iters);
+    const int64_t units = w4a16_detail::gemv_units(static_cast<int>(w.N_padded()), iters);
     int64_t choice = options.split_k;
     if (choice <= 0) {
-      // CTAs of one split run equal work, so the time goes as (waves of
-      // resident CTAs) x (iterations per CTA): take the split that minimizes
-      // that product (the smallest on ties, which has the least partial
-      // traffic). More CTAs than one wave also keeps more loads in flight.
-      const int64_t wave = static_cast<int64_t>(w4a16_detail::gemv_ctas_per_sm(bf16, w.device())) *
-                           sm_count(w.device());
-      int64_t best_cost = -1;
-      for (int64_t s = min_split; s <= std::min<int64_t>(iters, 64); ++s) {
-        const int64_t cost = (blocks * s + wave - 1) / wave * ((iters + s - 1) / s);
-        if (best_cost < 0 || cost < best_cost) best_cost = cost, choice = s;
-      }
-      if (best_cost < 0) choice = min_split;
+      const int64_t wave = static_cast<int64_t>(w4a16_detail::gemv_ctas_per_sm(bf16)) * sm_count(w.device());
+      choice = std::min(wave, std::max<int64_t>(1, units / kMinUnitsPerCta));
     }
-    plan.split_k = static_cast<int>(std::clamp<int64_t>(choice, min_split, std::max(iters, min_split)));
+    plan.split_k = static_cast<int>(std::clamp<int64_t>(choice, 1, units));
     return plan;
   }
   if (plan.strategy == W4A16Strategy::wgmma) {
@@ -783,16 +777,15 @@ void w4a16_gemm(const TensorView& x, const W4A16Weights& w, const TensorView& y,
   }
 
   if (plan.strategy == W4A16Strategy::gemv) {
+    if (!w4a16_wgmma_available(w.device()))
+      fail(ErrorKind::unsupported, "W4A16 strategy 'gemv' needs a compute capability 9.0 device and a build for "
+                                   "sm_90a (CMAKE_CUDA_ARCHITECTURES with 90a)");
     w4a16_detail::TiledGemmArgs a = tiled_args(xin, ldx, w, y, M, iters, group_shift, plan.split_k);
-    if (plan.split_k > 1) {
-      const int64_t passes = (M + plan.rows_per_pass - 1) / plan.rows_per_pass;
-      // Slot 2: the ordered partials; slot 3: one counter per (pass, block), kept zero.
-      a.partial = static_cast<float*>(workspace.scratch(
-          2, static_cast<size_t>(M * w.N_padded()) * static_cast<size_t>(plan.split_k) * sizeof(float), false,
-          w.device(), stream));
-      a.counters = static_cast<int*>(workspace.scratch(
-          3, static_cast<size_t>(passes * (w.N_padded() / 64)) * sizeof(int), true, w.device(), stream));
-    }
+    // Slot 2: two partial tiles per CTA; slot 3: one counter per 128-column tile (kept zero).
+    a.partial = static_cast<float*>(workspace.scratch(
+        2, w4a16_detail::gemv_partial_floats(plan.split_k) * sizeof(float), false, w.device(), stream));
+    a.counters = static_cast<int*>(
+        workspace.scratch(3, static_cast<size_t>((w.N_padded() / 64 + 1) / 2) * sizeof(int), true, w.device(), stream));
     w4a16_detail::launch_gemv(a, bf16, w.float_zero(), stream);
     return;
   }

@@ -1,32 +1,35 @@
-// The decode W4A16 kernel: y[M, N] = x[M, K] * dequant(W) for M <= 8 per
-// pass, on mma.sync with the operands swapped (sm_80 and later).
+// The decode W4A16 kernel (strategy `gemv`, sm_90): y[M, N] = x[M, K] *
+// dequant(W) for passes of up to 8 rows of x, as one continuous weight stream
+// per CTA.
 //
-// Why it exists: at decode (M = 1 .. 8) the GEMM is a weight stream, and the
-// other kernels give a 16-row (or larger) mma tile to x, so 15 of 16 rows of
-// every activation operand are padding that still costs shared-memory traffic,
-// ldmatrix and barriers per stage. Here:
-//   - The dequantized weights are the A operand of mma.m16n8k16 (16 output
-//     columns x 16 rows of K) and the rows of x are its n = 8 columns. A
-//     lane's 16 bytes of the tiled layout are, after the shared LOP3
-//     dequantization (w4a16_device.cuh), exactly the A fragments of four mma
-//     (one per k-step of 16): layout slot pairs 0/4, 2/6, 1/5, 3/7 are
-//     a0..a3. No padding rows are ever multiplied or moved.
-//   - Weights go from global memory straight into registers (one 16-byte
-//     load per lane and iteration, L1 bypassed), never through shared
-//     memory: no cp.async bookkeeping and no barrier in the main loop. Each
-//     lane keeps kAhead iterations of loads in flight (a rolling register
-//     pipeline: a slot is refilled with iteration i + kAhead right after
-//     iteration i is taken out of it), and many small CTAs per SM keep the
-//     bytes in flight that HBM needs (~30 KB per SM at 3 TB/s).
-//   - x (a few KB) is staged once per CTA in shared memory, after the first
-//     weight loads are issued, and read with ldmatrix (two per iteration).
-//   - K is split over CTAs until the device is full; the last CTA of a column
-//     block sums the partials in a fixed order (deterministic).
+// Why it exists: at decode (M = 1 .. 8) the GEMM is a weight stream and
+// nothing else; the wgmma kernel reached 58-70% of the copy bandwidth there
+// because (Nsight Compute, docs/w4a16-gemm.md) it is latency-bound: each CTA
+// fills a 3-deep pipeline for a short K range, waits for every wgmma batch
+// before it dequantizes the next, and a grid of 1000+ CTAs runs in 2-3 partial
+// waves. Here:
+//   - The grid is persistent: one wave of resident CTAs, and the flattened
+//     work (128-column tiles x 64-row k-iterations, "units", tile-major) is
+//     cut into equal contiguous ranges, one per CTA (stream-K). No CTA waits
+//     for a later wave, and a CTA's pipeline runs without draining across the
+//     tiles of its range.
+//   - A producer warp keeps kStages units in flight with the copy engine: each
+//     unit is one 4 KB bulk copy of weights (two 64-column blocks of the
+//     tiled layout are contiguous per k-iteration), its scale/zero pairs, and
+//     a TMA load of the 8 x 64 slice of x. Eight consumer warps never issue a
+//     global load in the main loop.
+//   - Consumers use mma.sync (m16n8k16) with the dequantized weights as the A
+//     operand (16 output columns x 16 rows of K; a lane's 16 bytes of the
+//     layout are, after the shared LOP3 dequantization, exactly the A
+//     fragments of four mma) and the rows of x as its n = 8 columns. mma.sync
+//     needs no wait on an asynchronous batch, so a warp hands its slot back as
+//     soon as its four mma are issued.
+//   - A tile cut by a range boundary is finished by the last of its CTAs to
+//     arrive (a counter per tile), which sums the others' fp32 partials in CTA
+//     order: the result does not depend on timing (bitwise reproducible).
 //   - Launched with programmatic dependent launch (lowbit/cuda/pdl.cuh): the
-//     first weight loads are issued before waiting for the previous kernel.
-// Measured on the H100 it is slower than the sm_90a wgmma kernel on every
-// large layer at M = 1 (its weight stream reached 1.3-1.6 TB/s, wgmma's bulk
-// copies 2.0): `auto` does not choose it (docs/w4a16-gemm.md).
+//     first units' weights are requested before waiting for the previous
+//     kernel; x, y and the workspace only after.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -35,136 +38,149 @@
 #include "lowbit/core/error.h"
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/pdl.cuh"
+#include "w4a16_async_copy.cuh"
 #include "w4a16_device.cuh"
 #include "w4a16_gemv.h"
 
 namespace lowbit::w4a16_detail {
 namespace {
 
-constexpr int kThreads = 128;  // 4 warps = one 64-column block of the layout, one 16-column strip each
-constexpr int kAhead = 4;      // iterations of weight loads in flight per lane
-constexpr int kMinCtasPerSm = 6;
-// Row stride of the staged activations: the K range plus 8 halves, so the 8
-// row addresses of an ldmatrix land on 8 different 16-byte bank groups.
-__host__ __device__ constexpr int staged_stride(int range_iters) { return range_iters * 64 + 8; }
+constexpr int kConsumerWarps = 8;  // 2 blocks of 64 columns x 4 strips of 16 columns
+constexpr int kConsumers = kConsumerWarps * 32;
+constexpr int kThreads = kConsumers + 32;  // + the producer warp
+constexpr int kStages = 8;
+constexpr int kMinCtasPerSm = 3;
 
-// Weights are read exactly once: bypass L1 so they do not evict x and the scales.
-__device__ __forceinline__ uint4 load_stream(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
-// One iteration's operands for one lane: its 16 bytes of codes and the
-// scale/zero pairs of its two columns for rows k0 (lo) and k0 + 32 (hi).
-struct IterLoad {
-  uint4 codes;
-  uint32_t lo0, lo1, hi0, hi1;
+struct Smem {
+  static constexpr int kXBytes = kGemvRowsPerPass * 128;  // 8 rows x 64 halves, 128-byte swizzle
+  static constexpr int kWBytes = 2 * 128 * 16;            // two 64-column blocks of one k-iteration
+  static constexpr int kSzBytes = 2 * 128 * 4;            // scale/zero of rows k0 and k0 + 32, 128 columns
+  static constexpr int kStageBytes = kXBytes + kWBytes + kSzBytes;
+  static_assert(kStageBytes % 1024 == 0, "x slices must stay 1024-byte aligned (the swizzle atom)");
+  static constexpr int kBytes = kStages * kStageBytes + 1024;  // + slack to align the base
 };
 
+// The device helpers exist only where the kernel body does (an sm_80 pass
+// would warn that they are never referenced).
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+
+constexpr int kConsumerBarrier = 1;  // named barrier of the consumer warps (0 is __syncthreads)
+
+// Units [begin(c), begin(c + 1)) belong to CTA c of `ctas`.
+__device__ inline int64_t range_begin(int64_t c, int64_t units, int64_t ctas) { return c * units / ctas; }
+// The CTA whose range holds unit u: the largest c with range_begin(c) <= u.
+__device__ inline int owner_of(int64_t u, int64_t units, int64_t ctas) {
+  return static_cast<int>(((u + 1) * ctas - 1) / units);
+}
+
+__device__ __forceinline__ void consumer_sync() {
+  asm volatile("bar.sync %0, %1;\n" ::"n"(kConsumerBarrier), "n"(kConsumers) : "memory");
+}
+
+#endif  // !__CUDA_ARCH__ || __CUDA_ARCH__ >= 900
+
 template <typename T, bool kFloatZero>
-__global__ void __launch_bounds__(kThreads, kMinCtasPerSm) w4a16_gemv_kernel(const GemvArgs args) {
-  extern __shared__ __align__(16) unsigned char smem[];
+__global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
+    w4a16_gemv_kernel(const __grid_constant__ CUtensorMap x_map, const GemvArgs args, const int m0) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ unsigned char smem_raw[];
+  __shared__ uint64_t full[kStages], empty[kStages];  // per slot: bytes landed / consumers done reading
   __shared__ int last_cta;
-  T* xs = reinterpret_cast<T*>(smem);
+  unsigned char* smem = smem_raw + ((1024 - (smem_address(smem_raw) & 1023)) & 1023);
 
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int g = lane / 4, t = lane % 4;
-  const int nb = blockIdx.x, split = blockIdx.y;
-  const int m0 = blockIdx.z * kGemvRowsPerPass;
-  const int rows = min(kGemvRowsPerPass, args.M - m0);
-  const int n_blocks = args.N_pad / 64;
-  const int it_begin = static_cast<int>(static_cast<int64_t>(split) * args.iters / args.split_k);
-  const int it_end = static_cast<int>(static_cast<int64_t>(split + 1) * args.iters / args.split_k);
-  const int range_max = (args.iters + args.split_k - 1) / args.split_k;
-  const int stride = staged_stride(range_max);
-  const int col0 = nb * 64 + warp * 16 + g, col1 = col0 + 8;  // this lane's two output columns
-  const bool two_groups = args.group_shift == 5;              // group 32: rows k0+32.. have their own scales
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int n_blocks = args.N_pad / 64, n_tiles = (n_blocks + 1) / 2;
+  const int64_t units = static_cast<int64_t>(n_tiles) * args.iters, ctas = gridDim.x;
+  const int64_t u_begin = range_begin(blockIdx.x, units, ctas), u_end = range_begin(blockIdx.x + 1, units, ctas);
+  const int n = static_cast<int>(u_end - u_begin);
+  const bool one_group = args.group_shift < 0 || args.group_shift >= 6;  // rows k0 and k0+32 share scales
 
-  const uint4* codes = args.qweight + static_cast<int64_t>(nb) * kThreads + tid;
-  const int64_t iter_stride = static_cast<int64_t>(n_blocks) * kThreads;
-  auto issue = [&](int it) {
-    IterLoad l;
-    l.codes = load_stream(codes + it * iter_stride);
-    const int k0 = it * 64;
-    const int group_lo = args.group_shift < 0 ? 0 : k0 >> args.group_shift;
-    const uint32_t* sz = args.scale_zero + static_cast<int64_t>(group_lo) * args.N_pad;
-    l.lo0 = __ldg(sz + col0);
-    l.lo1 = __ldg(sz + col1);
-    l.hi0 = l.lo0;
-    l.hi1 = l.lo1;
-    if (two_groups) {
-      l.hi0 = __ldg(sz + args.N_pad + col0);
-      l.hi1 = __ldg(sz + args.N_pad + col1);
-    }
-    return l;
+  auto stage_x = [&](int s) { return smem + s * Smem::kStageBytes; };
+  auto stage_w = [&](int s) { return reinterpret_cast<uint4*>(smem + s * Smem::kStageBytes + Smem::kXBytes); };
+  auto stage_sz = [&](int s) {
+    return reinterpret_cast<uint32_t*>(smem + s * Smem::kStageBytes + Smem::kXBytes + Smem::kWBytes);
   };
 
-  // First loads before anything else, so they fly while x is staged.
-  IterLoad ring[kAhead] = {};
-#pragma unroll
-  for (int u = 0; u < kAhead; ++u)
-    if (it_begin + u < it_end) ring[u] = issue(it_begin + u);
-
-  // Everything above read only the weights, which no kernel writes: with
-  // programmatic dependent launch it overlapped the previous kernel's tail.
-  // x, the partials and the counters are the previous kernels' business.
-  cuda::pdl_wait();
-  cuda::pdl_launch_dependents();
-
-  // Stage x[m0 .. m0+rows, k range] (zeros past K) as [rows][stride] halves.
-  {
-    const T* x = static_cast<const T*>(args.x);
-    const int k_begin = it_begin * 64, chunks_per_row = (it_end - it_begin) * 8;
-    for (int c = tid; c < rows * chunks_per_row; c += kThreads) {
-      const int r = c / chunks_per_row, kc = (c % chunks_per_row) * 8;
-      const int k = k_begin + kc;
-      const T* src = x + static_cast<int64_t>(m0 + r) * args.ldx + k;
-      uint4 v;
-      if (k + 8 <= args.K) {
-        v = __ldg(reinterpret_cast<const uint4*>(src));
-      } else {
-        T e[8];
-#pragma unroll
-        for (int i = 0; i < 8; ++i) e[i] = k + i < args.K ? src[i] : from_float<T>(0.0f);
-        v = *reinterpret_cast<const uint4*>(e);
-      }
-      *reinterpret_cast<uint4*>(xs + r * stride + kc) = v;
+  if (tid == 0)
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full[s], 1);                // the producer's arrive + the stage's transaction bytes
+      mbar_init(&empty[s], kConsumerWarps);  // one arrive per consumer warp and use
     }
-  }
   __syncthreads();
 
-  // ldmatrix row addresses: lane l feeds row l % 8 of matrix l / 8; matrices
-  // are (k-step j, k 0-7), (j, 8-15), (j+1, 0-7), (j+1, 8-15). Rows past the
-  // pass repeat its last row: their products land in D columns never stored.
-  const T* x_lane = xs + min(lane % 8, rows - 1) * stride + ((lane / 8) & 1) * 8 + (lane / 16) * 16;
+  if (warp == kConsumerWarps) {
+    // ---- Producer: one lane streams the CTA's units into the slot ring. ----
+    if (lane != 0) return;
+    auto tile_of = [&](int i) { return static_cast<int>((u_begin + i) / args.iters); };
+    auto produce_weights = [&](int i) {
+      const int s = i % kStages, tile = tile_of(i), it = static_cast<int>((u_begin + i) % args.iters);
+      const int blocks = min(2, n_blocks - 2 * tile), parts = one_group ? 1 : 2;
+      const uint32_t w_bytes = blocks * 128 * 16, sz_bytes = blocks * 64 * 4;
+      if (i >= kStages) mbar_wait(&empty[s], ((i / kStages) + 1) & 1);
+      mbar_arrive_expect_tx(&full[s], Smem::kXBytes + w_bytes + parts * sz_bytes);
+      bulk_load(stage_w(s), args.qweight + (static_cast<int64_t>(it) * n_blocks + 2 * tile) * 128, w_bytes,
+                &full[s]);
+      for (int part = 0; part < parts; ++part) {
+        const int k = it * 64 + 32 * part;
+        const int group = args.group_shift < 0 ? 0 : k >> args.group_shift;
+        bulk_load(stage_sz(s) + part * 128, args.scale_zero + static_cast<int64_t>(group) * args.N_pad + tile * 128,
+                  sz_bytes, &full[s]);
+      }
+    };
+    auto produce_x = [&](int i) {
+      const int it = static_cast<int>((u_begin + i) % args.iters);
+      tma_load_x(stage_x(i % kStages), &x_map, it * 64, m0, &full[i % kStages]);
+    };
+    // Weights, which no kernel writes, go out before the wait for the
+    // previous kernel (programmatic dependent launch); x only after it.
+    const int first = min(n, kStages);
+    for (int i = 0; i < first; ++i) produce_weights(i);
+    cuda::pdl_wait();
+    cuda::pdl_launch_dependents();
+    for (int i = 0; i < first; ++i) produce_x(i);
+    for (int i = first; i < n; ++i) {
+      produce_weights(i);
+      produce_x(i);
+    }
+    return;
+  }
+
+  // ---- Consumers: warp w computes columns 16(w % 4) .. +15 of block w / 4. ----
+  cuda::pdl_wait();  // y and the workspace may still be read by the previous kernel
+  const int g = lane / 4, t = lane % 4;
+  const int block = warp / 4, col0 = block * 64 + (warp % 4) * 16 + g, col1 = col0 + 8;  // within the tile
+  const int rows = min(kGemvRowsPerPass, args.M - m0);
+  T* y = static_cast<T*>(args.y);
+  // ldmatrix.x4 of x: lane l addresses row l % 8 of matrix l / 8; matrices
+  // (k-step 2p, k 0-7), (2p, 8-15), (2p+1, 0-7), (2p+1, 8-15) are 16-byte
+  // chunks 4p + l / 8 of the row, stored at chunk ^ row (the swizzle). Rows
+  // past M hold the zeros the copy engine filled in.
+  const int x_row = lane % 8, x_chunk = lane / 8;
 
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  for (int base = it_begin; base < it_end; base += kAhead) {
-#pragma unroll
-    for (int u = 0; u < kAhead; ++u) {
-      const int it = base + u;
-      if (it >= it_end) break;
-      const IterLoad cur = ring[u];
-      if (it + kAhead < it_end) ring[u] = issue(it + kAhead);
-
-      const ColumnDequant<T> lo0 = column_dequant<T, kFloatZero>(cur.lo0);
-      const ColumnDequant<T> lo1 = column_dequant<T, kFloatZero>(cur.lo1);
-      const ColumnDequant<T> hi0 = two_groups ? column_dequant<T, kFloatZero>(cur.hi0) : lo0;
-      const ColumnDequant<T> hi1 = two_groups ? column_dequant<T, kFloatZero>(cur.hi1) : lo1;
+  for (int i = 0; i < n; ++i) {
+    const int s = i % kStages;
+    const int64_t u = u_begin + i;
+    const int tile = static_cast<int>(u / args.iters), it = static_cast<int>(u % args.iters);
+    const bool active = 2 * tile + block < n_blocks;  // the last tile may hold one block only
+    mbar_wait(&full[s], (i / kStages) & 1);
+    if (active) {
+      const uint4 wq = stage_w(s)[tid];  // the layout's [block][strip][lane] order
+      const uint32_t* sz = stage_sz(s);
+      const ColumnDequant<T> lo0 = column_dequant<T, kFloatZero>(sz[col0]);
+      const ColumnDequant<T> lo1 = column_dequant<T, kFloatZero>(sz[col1]);
+      const ColumnDequant<T> hi0 = one_group ? lo0 : column_dequant<T, kFloatZero>(sz[128 + col0]);
+      const ColumnDequant<T> hi1 = one_group ? lo1 : column_dequant<T, kFloatZero>(sz[128 + col1]);
       uint32_t w[4][2][2];  // [k-step][column c0 / c1][register]
-      dequant_word<T, kFloatZero>(cur.codes.x, lo0, lo1, w[0][0], w[0][1]);
-      dequant_word<T, kFloatZero>(cur.codes.y, lo0, lo1, w[1][0], w[1][1]);
-      dequant_word<T, kFloatZero>(cur.codes.z, hi0, hi1, w[2][0], w[2][1]);
-      dequant_word<T, kFloatZero>(cur.codes.w, hi0, hi1, w[3][0], w[3][1]);
-
-      const T* xi = x_lane + (it - it_begin) * 64;
+      dequant_word<T, kFloatZero>(wq.x, lo0, lo1, w[0][0], w[0][1]);
+      dequant_word<T, kFloatZero>(wq.y, lo0, lo1, w[1][0], w[1][1]);
+      dequant_word<T, kFloatZero>(wq.z, hi0, hi1, w[2][0], w[2][1]);
+      dequant_word<T, kFloatZero>(wq.w, hi0, hi1, w[3][0], w[3][1]);
+      const unsigned char* xs = stage_x(s) + x_row * 128;
 #pragma unroll
       for (int pair = 0; pair < 2; ++pair) {
         uint32_t b[4];
-        ldmatrix_x4(b, xi + pair * 32);
+        ldmatrix_x4(b, xs + (((4 * pair + x_chunk) ^ x_row) * 16));
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int j = 2 * pair + h;
@@ -175,85 +191,115 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) w4a16_gemv_kernel(con
         }
       }
     }
-  }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&empty[s]);  // release semantics: this warp's reads of the slot are done
 
-  // D fragment: acc[0], acc[1] = column col0, rows 2t, 2t+1 of the pass;
-  // acc[2], acc[3] = column col1, same rows.
-  auto for_each_output = [&](auto&& f) {
+    if (it != args.iters - 1 && i != n - 1) continue;
+    // ---- The tile ends here (or the range does): store or hand over. ----
+    const int64_t tile_begin = static_cast<int64_t>(tile) * args.iters, tile_end = tile_begin + args.iters;
+    const int tile_col = tile * 128;
+    // D fragment: acc[0], acc[1] = column col0, rows 2t, 2t+1 of the pass;
+    // acc[2], acc[3] = column col1, same rows.
+    if (tile_begin >= u_begin && tile_end <= u_end) {  // the whole tile is this CTA's
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int r = 2 * t + (e & 1);
-      if (r < rows) f(m0 + r, e < 2 ? col0 : col1, acc[e]);
+      for (int e = 0; e < 4; ++e) {
+        const int r = 2 * t + (e & 1), col = tile_col + (e < 2 ? col0 : col1);
+        if (active && r < rows && col < args.N) y[static_cast<int64_t>(m0 + r) * args.ldy + col] = from_float<T>(acc[e]);
+      }
+    } else {
+      // Partial slot of CTA c: 0 for the first tile of its range, 1 for its last.
+      auto partial_of = [&](int64_t c, int tile_index) {
+        const int slot = range_begin(c, units, ctas) / args.iters == tile_index ? 0 : 1;
+        return args.partial + (c * 2 + slot) * (kGemvRowsPerPass * 128);
+      };
+      float* mine = partial_of(blockIdx.x, tile);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = 2 * t + (e & 1), col = e < 2 ? col0 : col1;
+        __stcg(mine + r * 128 + col, acc[e]);
+      }
+      __threadfence();  // this thread's partials are visible device-wide before the count
+      consumer_sync();
+      int* counter = args.counters + tile;
+      const int first_cta = owner_of(tile_begin, units, ctas), last_cta_index = owner_of(tile_end - 1, units, ctas);
+      if (tid == 0) last_cta = atomicAdd(counter, 1) == last_cta_index - first_cta;
+      consumer_sync();
+      if (last_cta) {
+        __threadfence();
+        // One float4 of one row per thread, summed over the tile's CTAs in
+        // order (the same bits whichever CTA finishes last).
+        const int r = tid / 32, col = (tid % 32) * 4;
+        if (r < rows) {
+          float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 4
+          for (int c = first_cta; c <= last_cta_index; ++c) {
+            const float4 p = __ldcg(reinterpret_cast<const float4*>(partial_of(c, tile) + r * 128 + col));
+            sum.x += p.x;
+            sum.y += p.y;
+            sum.z += p.z;
+            sum.w += p.w;
+          }
+          const float out[4] = {sum.x, sum.y, sum.z, sum.w};
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            if (tile_col + col + e < args.N)
+              y[static_cast<int64_t>(m0 + r) * args.ldy + tile_col + col + e] = from_float<T>(out[e]);
+        }
+        if (tid == 0) *counter = 0;  // ready for the next call
+      }
     }
-  };
-  T* y = static_cast<T*>(args.y);
-  if (args.split_k == 1) {
-    for_each_output([&](int row, int col, float v) {
-      if (col < args.N) y[static_cast<int64_t>(row) * args.ldy + col] = from_float<T>(v);
-    });
-    return;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[e] = 0.0f;
   }
-  float* partial = args.partial + static_cast<int64_t>(split) * args.M * args.N_pad;
-  for_each_output([&](int row, int col, float v) { __stcg(partial + static_cast<int64_t>(row) * args.N_pad + col, v); });
-  __threadfence();  // this thread's partials visible device-wide before the count
-  __syncthreads();
-  int* counter = args.counters + blockIdx.z * n_blocks + nb;
-  if (tid == 0) last_cta = atomicAdd(counter, 1) == args.split_k - 1;
-  __syncthreads();
-  if (!last_cta) return;
-  __threadfence();
-  for (int idx = tid; idx < rows * 64; idx += kThreads) {
-    const int row = m0 + idx / 64, col = nb * 64 + idx % 64;
-    const int64_t offset = static_cast<int64_t>(row) * args.N_pad + col;
-    float sum = 0.0f;
-    for (int s = 0; s < args.split_k; ++s)  // fixed order: bitwise reproducible
-      sum += __ldcg(args.partial + static_cast<int64_t>(s) * args.M * args.N_pad + offset);
-    if (col < args.N) y[static_cast<int64_t>(row) * args.ldy + col] = from_float<T>(sum);
-  }
-  if (tid == 0) *counter = 0;  // ready for the next call
+#else
+  (void)args;
+  (void)m0;  // built without sm_90: gemv_supported() keeps this from being launched
+#endif
 }
 
 template <typename T, bool kFloatZero>
 void launch_typed(const GemvArgs& args, cudaStream_t stream) {
-  const int range_max = (args.iters + args.split_k - 1) / args.split_k;
-  const int rows = std::min(args.M, kGemvRowsPerPass);
-  const int smem = rows * staged_stride(range_max) * 2;
-  const dim3 grid(static_cast<unsigned>(args.N_pad / 64), static_cast<unsigned>(args.split_k),
-                  static_cast<unsigned>((args.M + kGemvRowsPerPass - 1) / kGemvRowsPerPass));
-  cuda::launch_with_pdl(w4a16_gemv_kernel<T, kFloatZero>, grid, dim3(kThreads), static_cast<size_t>(smem), stream,
-                        args);
+  auto kernel = w4a16_gemv_kernel<T, kFloatZero>;
+  static bool configured = false;  // per instantiation; the attribute is per device function
+  if (!configured) {
+    LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Smem::kBytes));
+    configured = true;
+  }
+  const CUtensorMap map = encode_x_tensor_map(args, kGemvRowsPerPass, std::is_same_v<T, __nv_bfloat16>);
+  // Passes of 8 rows run one after the other on the stream; each finishes
+  // its tiles before the next reuses the partials and counters.
+  for (int m0 = 0; m0 < args.M; m0 += kGemvRowsPerPass) {
+    cuda::launch_with_pdl(kernel, dim3(static_cast<unsigned>(args.split_k)), dim3(kThreads),
+                          static_cast<size_t>(Smem::kBytes), stream, map, args, m0);
+    LOWBIT_CUDA_CHECK_LAUNCH();
+  }
 }
 
 }  // namespace
 
-int gemv_min_split(int64_t M, int iters) {
-  const int64_t rows = std::min<int64_t>(M, kGemvRowsPerPass);
-  // rows * staged_stride(ceil(iters / s)) <= kGemvMaxStagedElements + rows * 8
-  const int64_t max_range = std::max<int64_t>(1, kGemvMaxStagedElements / (rows * 64));
-  return static_cast<int>(std::max<int64_t>(1, (iters + max_range - 1) / max_range));
-}
+int64_t gemv_units(int N_pad, int iters) { return static_cast<int64_t>((N_pad / 64 + 1) / 2) * iters; }
 
-int gemv_ctas_per_sm(bool bf16, int device) {
-  static int cached[2][64] = {};
-  int& slot = cached[bf16 ? 1 : 0][std::clamp(device, 0, 63)];
+size_t gemv_partial_floats(int ctas) { return static_cast<size_t>(ctas) * 2 * kGemvRowsPerPass * 128; }
+
+int gemv_ctas_per_sm(bool bf16) {
+  static int cached[2] = {0, 0};
+  int& slot = cached[bf16 ? 1 : 0];
   if (slot == 0) {
-    const int smem = staged_stride(kGemvMaxStagedElements / 64) * 2;  // the largest a CTA asks for
     int per_sm = 0;
-    if (bf16)
-      LOWBIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-          &per_sm, w4a16_gemv_kernel<__nv_bfloat16, false>, kThreads, smem));
-    else
-      LOWBIT_CUDA_CHECK(
-          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, w4a16_gemv_kernel<half, false>, kThreads, smem));
+    auto query = [&](auto kernel) {
+      LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Smem::kBytes));
+      LOWBIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, Smem::kBytes));
+    };
+    if (bf16) query(w4a16_gemv_kernel<__nv_bfloat16, false>);
+    else query(w4a16_gemv_kernel<half, false>);
     slot = std::max(1, per_sm);
   }
   return slot;
 }
 
 void launch_gemv(const GemvArgs& args, bool bf16, bool float_zero, cudaStream_t stream) {
-  LOWBIT_REQUIRE(args.split_k >= gemv_min_split(args.M, args.iters), "gemv: split_k ", args.split_k,
-                 " leaves more activations per CTA than the staging buffer holds (at least ",
-                 gemv_min_split(args.M, args.iters), ")");
+  LOWBIT_REQUIRE(args.split_k >= 1 && args.split_k <= gemv_units(args.N_pad, args.iters), "gemv: ", args.split_k,
+                 " CTAs for ", gemv_units(args.N_pad, args.iters), " units");
   if (bf16) {
     if (float_zero) launch_typed<__nv_bfloat16, true>(args, stream);
     else launch_typed<__nv_bfloat16, false>(args, stream);

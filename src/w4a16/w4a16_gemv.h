@@ -4,26 +4,28 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "w4a16_kernel_args.h"
 
 namespace lowbit::w4a16_detail {
 
-// Rows of x one pass of the kernel serves: the n of mma.m16n8k16.
+// Rows of x one pass of the kernel serves: the n of mma.m16n8k16. Larger M
+// runs in passes, one launch each.
 inline constexpr int kGemvRowsPerPass = 8;
-// Activation elements (rows x K range) a CTA stages in shared memory; the
-// K split is raised until a CTA's range fits.
-inline constexpr int kGemvMaxStagedElements = 8192;
 
-using GemvArgs = TiledGemmArgs;  // counters: one per (pass, 64-column block)
+// split_k is the number of CTAs of the persistent grid; partial holds
+// gemv_partial_floats(split_k) floats and counters one int per 128-column
+// tile, zero between calls.
+using GemvArgs = TiledGemmArgs;
 
-// The smallest K split whose per-CTA activation slice fits the staging
-// buffer for passes of min(M, 8) rows.
-int gemv_min_split(int64_t M, int iters);
+// Units of work: 128-column tiles x 64-row k-iterations.
+int64_t gemv_units(int N_pad, int iters);
+size_t gemv_partial_floats(int ctas);
 // CTAs per SM the kernel keeps resident (occupancy query, cached).
-int gemv_ctas_per_sm(bool bf16, int device);
-// grid = (N_pad / 64, split_k, ceil(M / 8)).
+int gemv_ctas_per_sm(bool bf16);
+// Needs a compute capability 9.0 device (the copy engine's bulk copies).
 void launch_gemv(const GemvArgs& args, bool bf16, bool float_zero, cudaStream_t stream);
 
 }  // namespace lowbit::w4a16_detail

@@ -36,7 +36,6 @@
 //     iterations and one dequantizes while the other's wgmma runs.
 //   - Small grids (few column tiles at large K) split K over CTAs; the last
 //     CTA of a tile sums the partials in a fixed order (deterministic).
-#include <cuda.h>  // CUtensorMap (the encoder is fetched through the runtime: no libcuda link)
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -47,6 +46,7 @@
 #include "lowbit/core/error.h"
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/pdl.cuh"
+#include "w4a16_async_copy.cuh"
 #include "w4a16_device.cuh"
 #include "w4a16_wgmma.h"
 #include "wgmma_ops.cuh"
@@ -102,43 +102,6 @@ __device__ __forceinline__ void fence_accumulators(float (&d)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
-__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(count) : "memory");
-}
-// Spins until the phase with parity `parity` of the barrier has completed.
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred p;\nLAB_WAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      "@p bra DONE;\nbra LAB_WAIT;\nDONE:\n}\n" ::"r"(smem_address(bar)),
-      "r"(parity)
-      : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_address(bar)) : "memory");
-}
-// Arrives once and adds `bytes` to the transactions the phase waits for.
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_address(bar)), "r"(bytes)
-               : "memory");
-}
-// TMA: the box {64 columns, rows} of x at (k0, m0) into dst, completing on bar.
-__device__ __forceinline__ void tma_load_x(void* dst, const CUtensorMap* map, int k0, int m0, uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
-      "%3}], [%4];\n" ::"r"(smem_address(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(k0), "r"(m0), "r"(smem_address(bar))
-      : "memory");
-}
-// 1-D bulk copy of `bytes` (a multiple of 16, both addresses 16-byte aligned).
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-          smem_address(dst)),
-      "l"(src), "r"(bytes), "r"(smem_address(bar))
-      : "memory");
-}
-
 #endif  // !__CUDA_ARCH__ || __CUDA_ARCH_FEAT_SM90_ALL
 
 // Residency wanted: small tiles (decode) need several CTAs per SM to keep
@@ -401,35 +364,6 @@ __global__ void wgmma_probe_kernel(int* out) {
 #endif
 }
 
-// The tensor map of x for one call: [M rows, K columns] of 16-bit values,
-// row pitch ldx, box 64 columns (128 bytes: the swizzle span) x `rows`.
-CUtensorMap x_tensor_map(const WgmmaArgs& a, int rows, bool bf16) {
-  static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
-  if (encode == nullptr) {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult status{};
-    LOWBIT_CUDA_CHECK(
-        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &status));
-    if (status != cudaDriverEntryPointSuccess || fn == nullptr)
-      fail(ErrorKind::unsupported, "W4A16 wgmma: the CUDA driver has no cuTensorMapEncodeTiled");
-    encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }
-  CUtensorMap map;
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(a.K), static_cast<cuuint64_t>(a.M)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(a.ldx) * 2};
-  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(rows)};
-  const cuuint32_t element_strides[2] = {1, 1};
-  const CUresult r = encode(&map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                            2, const_cast<void*>(a.x), dims, strides, box, element_strides,
-                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    fail(ErrorKind::invalid_argument, "W4A16 wgmma: cannot describe x [", a.M, ", ", a.K,
-         "] with row stride ", a.ldx, " to the copy engine (CUresult ", static_cast<int>(r),
-         "): rows must be 16-byte aligned");
-  return map;
-}
-
 template <typename T, int kMTile, bool kFloatZero>
 void launch_typed(const WgmmaArgs& args, cudaStream_t stream) {
   auto kernel = w4a16_wgmma_kernel<T, kMTile, kFloatZero>;
@@ -439,7 +373,7 @@ void launch_typed(const WgmmaArgs& args, cudaStream_t stream) {
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Smem<kMTile>::kBytes));
     configured = true;
   }
-  const CUtensorMap map = x_tensor_map(args, kMTile, std::is_same_v<T, __nv_bfloat16>);
+  const CUtensorMap map = encode_x_tensor_map(args, kMTile, std::is_same_v<T, __nv_bfloat16>);
   const dim3 grid(static_cast<unsigned>((args.M + kMTile - 1) / kMTile),
                   static_cast<unsigned>((args.N_pad + 127) / 128), static_cast<unsigned>(args.split_k));
   cuda::launch_with_pdl(kernel, grid, dim3(kThreads), static_cast<size_t>(Smem<kMTile>::kBytes), stream, map, args);
@@ -463,6 +397,33 @@ void launch_rows(const WgmmaArgs& args, int rows_per_tile, cudaStream_t stream) 
 }
 
 }  // namespace
+
+CUtensorMap encode_x_tensor_map(const TiledGemmArgs& a, int rows, bool bf16) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+  if (encode == nullptr) {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult status{};
+    LOWBIT_CUDA_CHECK(
+        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &status));
+    if (status != cudaDriverEntryPointSuccess || fn == nullptr)
+      fail(ErrorKind::unsupported, "W4A16: the CUDA driver has no cuTensorMapEncodeTiled");
+    encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(a.K), static_cast<cuuint64_t>(a.M)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(a.ldx) * 2};
+  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(rows)};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult r = encode(&map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                            2, const_cast<void*>(a.x), dims, strides, box, element_strides,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    fail(ErrorKind::invalid_argument, "W4A16: cannot describe x [", a.M, ", ", a.K,
+         "] with row stride ", a.ldx, " to the copy engine (CUresult ", static_cast<int>(r),
+         "): rows must be 16-byte aligned");
+  return map;
+}
 
 int wgmma_rows_per_tile(int64_t M) {
   return M <= 16 ? 16 : (M <= 32 ? 32 : (M <= 64 ? 64 : (M <= 128 ? 128 : 256)));

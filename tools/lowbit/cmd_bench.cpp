@@ -43,7 +43,7 @@ void add_bench_command(CLI::App& app) {
       ->delimiter(',')
       ->check(CLI::IsMember({16, 32, 64, 128, 256}));
   gemm->add_option("--gemv-splits", options.gemv_splits,
-                   "Also time the gemv strategy with these K splits forced (M <= 16 only)")
+                   "Also time the gemv strategy with these CTA counts forced (M <= 16 only)")
       ->delimiter(',')
       ->check(CLI::PositiveNumber);
   gemm->callback([] {

@@ -22,13 +22,14 @@
 //                          x tiles of 16..256 rows in shared memory, so one
 //                          weight read serves up to 256 rows (prefill); K split
 //                          with a deterministic reduction when the grid is small
-//   gemv                   decode: the dequantized weights are the mma A
-//                          operand (16 columns x 16 rows of K) and up to 8
-//                          rows of x its n columns, weights streamed straight
-//                          into registers; K split with a deterministic
-//                          reduction; larger M runs in passes of 8 rows
-//                          (slower than wgmma on the H100: not chosen by
-//                          automatic)
+//   gemv                   decode, sm_90a only: a persistent grid (one wave)
+//                          streams 128-column x 64-row weight units in equal
+//                          contiguous ranges per CTA (stream-K), fed by the
+//                          copy engine through an 8-deep pipeline; the
+//                          dequantized weights are the mma.sync A operand and
+//                          up to 8 rows of x its n columns; tiles shared by
+//                          CTAs are summed in a fixed order; larger M runs in
+//                          passes of 8 rows. split_k: CTAs of the grid
 //   automatic              chosen by M, N, K and the device's SM count
 #pragma once
 
@@ -133,7 +134,7 @@ struct W4A16Options {
 // What a call runs: the strategy, the K split and the rows per pass.
 struct W4A16Plan {
   W4A16Strategy strategy;
-  int split_k;        // split-K, wgmma, gemv: CTAs per tile along K; stream-K: CTAs in the wave
+  int split_k;        // split-K, wgmma: CTAs per tile along K; stream-K, gemv: CTAs in the wave
   int rows_per_pass;  // 16, 32 or 64 (wgmma: 16, 32, 64, 128 or 256; gemv: 8); larger M takes several passes
 };
 W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& options = {});
