@@ -607,17 +607,17 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
     }
   }
   if (plan.strategy == W4A16Strategy::gemv) {
-    // A persistent grid: split_k is its CTA count, at most one wave of
-    // resident CTAs, and few enough that each streams kMinUnitsPerCta units
-    // (4 KB each) or more, since every CTA pays a pipeline fill and, for a
-    // tile it shares, a hand-over through the partials.
-    constexpr int64_t kMinUnitsPerCta = 8;
+    // split_k is the CTA count of the grid: a whole number of CTAs per
+    // 128-column tile, as many as one wave of resident CTAs holds (at least
+    // one per tile), so that CTAs running together read the same k-iterations
+    // (the kernel's comment says why).
     plan.rows_per_pass = w4a16_detail::kGemvRowsPerPass;
     const int64_t units = w4a16_detail::gemv_units(static_cast<int>(w.N_padded()), iters);
+    const int64_t tiles = units / iters;
     int64_t choice = options.split_k;
     if (choice <= 0) {
       const int64_t wave = static_cast<int64_t>(w4a16_detail::gemv_ctas_per_sm(bf16)) * sm_count(w.device());
-      choice = std::min(wave, std::max<int64_t>(1, units / kMinUnitsPerCta));
+      choice = tiles * std::clamp<int64_t>(wave / tiles, 1, iters);
     }
     plan.split_k = static_cast<int>(std::clamp<int64_t>(choice, 1, units));
     return plan;

@@ -91,7 +91,15 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int n_blocks = args.N_pad / 64, n_tiles = (n_blocks + 1) / 2;
   const int64_t units = static_cast<int64_t>(n_tiles) * args.iters, ctas = gridDim.x;
-  const int64_t u_begin = range_begin(blockIdx.x, units, ctas), u_end = range_begin(blockIdx.x + 1, units, ctas);
+  // Range index of this CTA. When the grid is a whole number S of CTAs per
+  // tile, range v = tile * S + split goes to CTA split * tiles + tile: the
+  // CTAs that run at the same time then read the same k-iterations of all
+  // tiles, a few hundred kilobytes in one place, instead of streams scattered
+  // over the whole matrix (each range is then exactly a split-K slice).
+  const int64_t v = ctas % n_tiles == 0 ? static_cast<int64_t>(blockIdx.x % n_tiles) * (ctas / n_tiles) +
+                                              blockIdx.x / n_tiles
+                                        : blockIdx.x;
+  const int64_t u_begin = range_begin(v, units, ctas), u_end = range_begin(v + 1, units, ctas);
   const int n = static_cast<int>(u_end - u_begin);
   const bool one_group = args.group_shift < 0 || args.group_shift >= 6;  // rows k0 and k0+32 share scales
 
@@ -212,7 +220,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
         const int slot = range_begin(c, units, ctas) / args.iters == tile_index ? 0 : 1;
         return args.partial + (c * 2 + slot) * (kGemvRowsPerPass * 128);
       };
-      float* mine = partial_of(blockIdx.x, tile);
+      float* mine = partial_of(v, tile);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = 2 * t + (e & 1), col = e < 2 ? col0 : col1;
