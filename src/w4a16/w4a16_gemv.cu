@@ -48,7 +48,7 @@ namespace {
 constexpr int kConsumerWarps = 8;  // 2 blocks of 64 columns x 4 strips of 16 columns
 constexpr int kConsumers = kConsumerWarps * 32;
 constexpr int kThreads = kConsumers + 32;  // + the producer warp
-constexpr int kStages = 8;
+constexpr int kStages = 12;  // 3 CTAs x 12 x 4 KB of weights in flight per SM
 constexpr int kMinCtasPerSm = 3;
 
 struct Smem {
@@ -72,6 +72,24 @@ __device__ inline int64_t range_begin(int64_t c, int64_t units, int64_t ctas) { 
 __device__ inline int owner_of(int64_t u, int64_t units, int64_t ctas) {
   return static_cast<int>(((u + 1) * ctas - 1) / units);
 }
+
+// The (tile, k-iteration) of a unit, stepped without dividing.
+struct UnitCursor {
+  int tile, it;
+  __device__ UnitCursor(int64_t u, int iters) : tile(static_cast<int>(u / iters)), it(static_cast<int>(u % iters)) {}
+  __device__ void next(int iters) {
+    if (++it == iters) it = 0, ++tile;
+  }
+};
+
+// A slot of the ring and the parity of its current use.
+struct SlotCursor {
+  int slot = 0;
+  uint32_t phase = 0;
+  __device__ void next() {
+    if (++slot == kStages) slot = 0, phase ^= 1;
+  }
+};
 
 __device__ __forceinline__ void consumer_sync() {
   asm volatile("bar.sync %0, %1;\n" ::"n"(kConsumerBarrier), "n"(kConsumers) : "memory");
@@ -119,36 +137,40 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
   if (warp == kConsumerWarps) {
     // ---- Producer: one lane streams the CTA's units into the slot ring. ----
     if (lane != 0) return;
-    auto tile_of = [&](int i) { return static_cast<int>((u_begin + i) / args.iters); };
-    auto produce_weights = [&](int i) {
-      const int s = i % kStages, tile = tile_of(i), it = static_cast<int>((u_begin + i) % args.iters);
-      const int blocks = min(2, n_blocks - 2 * tile), parts = one_group ? 1 : 2;
+    // (tile, k-iteration) of the units are walked with a cursor: a 64-bit
+    // division per unit costs more issue slots than the unit's copies.
+    auto produce_weights = [&](int i, const UnitCursor& c, const SlotCursor& slot) {
+      const int s = slot.slot;
+      const int blocks = min(2, n_blocks - 2 * c.tile), parts = one_group ? 1 : 2;
       const uint32_t w_bytes = blocks * 128 * 16, sz_bytes = blocks * 64 * 4;
-      if (i >= kStages) mbar_wait(&empty[s], ((i / kStages) + 1) & 1);
+      if (i >= kStages) mbar_wait(&empty[s], slot.phase ^ 1);  // released by the use before this one
       mbar_arrive_expect_tx(&full[s], Smem::kXBytes + w_bytes + parts * sz_bytes);
-      bulk_load(stage_w(s), args.qweight + (static_cast<int64_t>(it) * n_blocks + 2 * tile) * 128, w_bytes,
+      bulk_load(stage_w(s), args.qweight + (static_cast<int64_t>(c.it) * n_blocks + 2 * c.tile) * 128, w_bytes,
                 &full[s]);
       for (int part = 0; part < parts; ++part) {
-        const int k = it * 64 + 32 * part;
+        const int k = c.it * 64 + 32 * part;
         const int group = args.group_shift < 0 ? 0 : k >> args.group_shift;
-        bulk_load(stage_sz(s) + part * 128, args.scale_zero + static_cast<int64_t>(group) * args.N_pad + tile * 128,
+        bulk_load(stage_sz(s) + part * 128, args.scale_zero + static_cast<int64_t>(group) * args.N_pad + c.tile * 128,
                   sz_bytes, &full[s]);
       }
     };
-    auto produce_x = [&](int i) {
-      const int it = static_cast<int>((u_begin + i) % args.iters);
-      tma_load_x(stage_x(i % kStages), &x_map, it * 64, m0, &full[i % kStages]);
+    auto produce_x = [&](const UnitCursor& c, const SlotCursor& slot) {
+      tma_load_x(stage_x(slot.slot), &x_map, c.it * 64, m0, &full[slot.slot]);
     };
     // Weights, which no kernel writes, go out before the wait for the
     // previous kernel (programmatic dependent launch); x only after it.
     const int first = min(n, kStages);
-    for (int i = 0; i < first; ++i) produce_weights(i);
+    UnitCursor c(u_begin, args.iters);
+    SlotCursor slot;
+    for (int i = 0; i < first; ++i, c.next(args.iters), slot.next()) produce_weights(i, c, slot);
     cuda::pdl_wait();
     cuda::pdl_launch_dependents();
-    for (int i = 0; i < first; ++i) produce_x(i);
-    for (int i = first; i < n; ++i) {
-      produce_weights(i);
-      produce_x(i);
+    UnitCursor cx(u_begin, args.iters);
+    SlotCursor slot_x;
+    for (int i = 0; i < first; ++i, cx.next(args.iters), slot_x.next()) produce_x(cx, slot_x);
+    for (int i = first; i < n; ++i, c.next(args.iters), slot.next()) {
+      produce_weights(i, c, slot);
+      produce_x(c, slot);
     }
     return;
   }
@@ -166,12 +188,13 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
   const int x_row = lane % 8, x_chunk = lane / 8;
 
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  for (int i = 0; i < n; ++i) {
-    const int s = i % kStages;
-    const int64_t u = u_begin + i;
-    const int tile = static_cast<int>(u / args.iters), it = static_cast<int>(u % args.iters);
+  UnitCursor cursor(u_begin, args.iters);
+  SlotCursor slot;
+  for (int i = 0; i < n; ++i, cursor.next(args.iters), slot.next()) {
+    const int s = slot.slot;
+    const int tile = cursor.tile, it = cursor.it;
     const bool active = 2 * tile + block < n_blocks;  // the last tile may hold one block only
-    mbar_wait(&full[s], (i / kStages) & 1);
+    mbar_wait(&full[s], slot.phase);
     if (active) {
       const uint4 wq = stage_w(s)[tid];  // the layout's [block][strip][lane] order
       const uint32_t* sz = stage_sz(s);
