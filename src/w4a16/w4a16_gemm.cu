@@ -607,18 +607,12 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
     }
   }
   if (plan.strategy == W4A16Strategy::gemv) {
-    // split_k is the CTA count of the grid: a whole number of CTAs per
-    // 128-column tile, as many as one wave of resident CTAs holds (at least
-    // one per tile), so that CTAs running together read the same k-iterations
-    // (the kernel's comment says why).
+    // split_k is the CTA count of the persistent grid: one wave of resident
+    // CTAs, each streaming an equal share of the units.
     plan.rows_per_pass = w4a16_detail::kGemvRowsPerPass;
     const int64_t units = w4a16_detail::gemv_units(static_cast<int>(w.N_padded()), iters);
-    const int64_t tiles = units / iters;
     int64_t choice = options.split_k;
-    if (choice <= 0) {
-      const int64_t wave = static_cast<int64_t>(w4a16_detail::gemv_ctas_per_sm(bf16)) * sm_count(w.device());
-      choice = tiles * std::clamp<int64_t>(wave / tiles, 1, iters);
-    }
+    if (choice <= 0) choice = static_cast<int64_t>(w4a16_detail::gemv_ctas_per_sm(bf16)) * sm_count(w.device());
     plan.split_k = static_cast<int>(std::clamp<int64_t>(choice, 1, units));
     return plan;
   }
@@ -781,11 +775,12 @@ void w4a16_gemm(const TensorView& x, const W4A16Weights& w, const TensorView& y,
       fail(ErrorKind::unsupported, "W4A16 strategy 'gemv' needs a compute capability 9.0 device and a build for "
                                    "sm_90a (CMAKE_CUDA_ARCHITECTURES with 90a)");
     w4a16_detail::TiledGemmArgs a = tiled_args(xin, ldx, w, y, M, iters, group_shift, plan.split_k);
-    // Slot 2: two partial tiles per CTA; slot 3: one counter per 128-column tile (kept zero).
+    // Slot 2: two partial tiles per CTA; slot 3: one counter per column tile (kept zero).
     a.partial = static_cast<float*>(workspace.scratch(
         2, w4a16_detail::gemv_partial_floats(plan.split_k) * sizeof(float), false, w.device(), stream));
     a.counters = static_cast<int*>(
-        workspace.scratch(3, static_cast<size_t>((w.N_padded() / 64 + 1) / 2) * sizeof(int), true, w.device(), stream));
+        workspace.scratch(3, static_cast<size_t>(w4a16_detail::gemv_tiles(static_cast<int>(w.N_padded()))) * sizeof(int),
+                          true, w.device(), stream));
     w4a16_detail::launch_gemv(a, bf16, w.float_zero(), stream);
     return;
   }

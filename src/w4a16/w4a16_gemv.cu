@@ -45,16 +45,23 @@
 namespace lowbit::w4a16_detail {
 namespace {
 
-constexpr int kConsumerWarps = 8;  // 2 blocks of 64 columns x 4 strips of 16 columns
+// A tile is 512 columns = 8 blocks of the layout: at one k-iteration they
+// are 16 KB of contiguous weights, one bulk copy (the cuBLAS FP16 kernel that
+// reaches 90% of HBM bandwidth at M = 1 on the H100 moves 16 KB tiles through
+// 12 stages; 4 KB copies, 2-3 CTAs per SM and 8-12 stages reached only
+// 1.6-1.8 TB/s here).
+constexpr int kBlocksPerTile = 8;
+constexpr int kTileCols = kBlocksPerTile * 64;
+constexpr int kConsumerWarps = 8;
 constexpr int kConsumers = kConsumerWarps * 32;
 constexpr int kThreads = kConsumers + 32;  // + the producer warp
-constexpr int kStages = 12;  // 3 CTAs x 12 x 4 KB of weights in flight per SM
-constexpr int kMinCtasPerSm = 3;
+constexpr int kStages = 10;                // 10 x 16 KB of weights in flight per SM
+constexpr int kMinCtasPerSm = 1;
 
 struct Smem {
   static constexpr int kXBytes = kGemvRowsPerPass * 128;  // 8 rows x 64 halves, 128-byte swizzle
-  static constexpr int kWBytes = 2 * 128 * 16;            // two 64-column blocks of one k-iteration
-  static constexpr int kSzBytes = 2 * 128 * 4;            // scale/zero of rows k0 and k0 + 32, 128 columns
+  static constexpr int kWBytes = kBlocksPerTile * 128 * 16;
+  static constexpr int kSzBytes = 2 * kTileCols * 4;  // scale/zero of rows k0 and k0 + 32
   static constexpr int kStageBytes = kXBytes + kWBytes + kSzBytes;
   static_assert(kStageBytes % 1024 == 0, "x slices must stay 1024-byte aligned (the swizzle atom)");
   static constexpr int kBytes = kStages * kStageBytes + 1024;  // + slack to align the base
@@ -65,6 +72,7 @@ struct Smem {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 
 constexpr int kConsumerBarrier = 1;  // named barrier of the consumer warps (0 is __syncthreads)
+constexpr int kStripsPerWarp = kBlocksPerTile * 4 / kConsumerWarps;  // 16-column strips
 
 // Units [begin(c), begin(c + 1)) belong to CTA c of `ctas`.
 __device__ inline int64_t range_begin(int64_t c, int64_t units, int64_t ctas) { return c * units / ctas; }
@@ -107,16 +115,11 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
   unsigned char* smem = smem_raw + ((1024 - (smem_address(smem_raw) & 1023)) & 1023);
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int n_blocks = args.N_pad / 64, n_tiles = (n_blocks + 1) / 2;
+  const int n_blocks = args.N_pad / 64, n_tiles = (n_blocks + kBlocksPerTile - 1) / kBlocksPerTile;
   const int64_t units = static_cast<int64_t>(n_tiles) * args.iters, ctas = gridDim.x;
-  // Range index of this CTA. When the grid is a whole number S of CTAs per
-  // tile, range v = tile * S + split goes to CTA split * tiles + tile: the
-  // CTAs that run at the same time then read the same k-iterations of all
-  // tiles, a few hundred kilobytes in one place, instead of streams scattered
-  // over the whole matrix (each range is then exactly a split-K slice).
-  const int64_t v = ctas % n_tiles == 0 ? static_cast<int64_t>(blockIdx.x % n_tiles) * (ctas / n_tiles) +
-                                              blockIdx.x / n_tiles
-                                        : blockIdx.x;
+  // (Ordering the ranges so that CTAs running together read the same
+  // k-iterations, split-K style, measured the same on the H100.)
+  const int64_t v = blockIdx.x;
   const int64_t u_begin = range_begin(v, units, ctas), u_end = range_begin(v + 1, units, ctas);
   const int n = static_cast<int>(u_end - u_begin);
   const bool one_group = args.group_shift < 0 || args.group_shift >= 6;  // rows k0 and k0+32 share scales
@@ -141,16 +144,17 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
     // division per unit costs more issue slots than the unit's copies.
     auto produce_weights = [&](int i, const UnitCursor& c, const SlotCursor& slot) {
       const int s = slot.slot;
-      const int blocks = min(2, n_blocks - 2 * c.tile), parts = one_group ? 1 : 2;
+      const int blocks = min(kBlocksPerTile, n_blocks - kBlocksPerTile * c.tile), parts = one_group ? 1 : 2;
       const uint32_t w_bytes = blocks * 128 * 16, sz_bytes = blocks * 64 * 4;
       if (i >= kStages) mbar_wait(&empty[s], slot.phase ^ 1);  // released by the use before this one
       mbar_arrive_expect_tx(&full[s], Smem::kXBytes + w_bytes + parts * sz_bytes);
-      bulk_load(stage_w(s), args.qweight + (static_cast<int64_t>(c.it) * n_blocks + 2 * c.tile) * 128, w_bytes,
+      bulk_load(stage_w(s), args.qweight + (static_cast<int64_t>(c.it) * n_blocks + kBlocksPerTile * c.tile) * 128, w_bytes,
                 &full[s]);
       for (int part = 0; part < parts; ++part) {
         const int k = c.it * 64 + 32 * part;
         const int group = args.group_shift < 0 ? 0 : k >> args.group_shift;
-        bulk_load(stage_sz(s) + part * 128, args.scale_zero + static_cast<int64_t>(group) * args.N_pad + c.tile * 128,
+        bulk_load(stage_sz(s) + part * kTileCols,
+                  args.scale_zero + static_cast<int64_t>(group) * args.N_pad + c.tile * kTileCols,
                   sz_bytes, &full[s]);
       }
     };
@@ -175,10 +179,11 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
     return;
   }
 
-  // ---- Consumers: warp w computes columns 16(w % 4) .. +15 of block w / 4. ----
+  // ---- Consumers: warp w computes the 16-column strips w, w + 8, w + 16,
+  // w + 24 of the tile (strip j: block j / 4 of the tile, its columns
+  // 16 (j % 4) .. +15); four independent mma chains per warp. ----
   cuda::pdl_wait();  // y and the workspace may still be read by the previous kernel
   const int g = lane / 4, t = lane % 4;
-  const int block = warp / 4, col0 = block * 64 + (warp % 4) * 16 + g, col1 = col0 + 8;  // within the tile
   const int rows = min(kGemvRowsPerPass, args.M - m0);
   T* y = static_cast<T*>(args.y);
   // ldmatrix.x4 of x: lane l addresses row l % 8 of matrix l / 8; matrices
@@ -186,40 +191,42 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
   // chunks 4p + l / 8 of the row, stored at chunk ^ row (the swizzle). Rows
   // past M hold the zeros the copy engine filled in.
   const int x_row = lane % 8, x_chunk = lane / 8;
+  auto strip_of = [&](int m) { return warp + kConsumerWarps * m; };
+  auto col0_of = [&](int m) { return strip_of(m) * 16 + g; };  // column within the tile; col1 = col0 + 8
 
-  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  float acc[kStripsPerWarp][4] = {};
   UnitCursor cursor(u_begin, args.iters);
   SlotCursor slot;
   for (int i = 0; i < n; ++i, cursor.next(args.iters), slot.next()) {
     const int s = slot.slot;
     const int tile = cursor.tile, it = cursor.it;
-    const bool active = 2 * tile + block < n_blocks;  // the last tile may hold one block only
+    const int tile_blocks = min(kBlocksPerTile, n_blocks - kBlocksPerTile * tile);  // the last tile may be narrower
     mbar_wait(&full[s], slot.phase);
-    if (active) {
-      const uint4 wq = stage_w(s)[tid];  // the layout's [block][strip][lane] order
-      const uint32_t* sz = stage_sz(s);
+    const unsigned char* xs = stage_x(s) + x_row * 128;
+    uint32_t b[2][4];  // x as the B fragments of the four k-steps, shared by the strips
+#pragma unroll
+    for (int pair = 0; pair < 2; ++pair) ldmatrix_x4(b[pair], xs + (((4 * pair + x_chunk) ^ x_row) * 16));
+    const uint32_t* sz = stage_sz(s);
+#pragma unroll
+    for (int m = 0; m < kStripsPerWarp; ++m) {
+      if (strip_of(m) / 4 >= tile_blocks) continue;  // warp-uniform
+      const int col0 = col0_of(m), col1 = col0 + 8;
+      const uint4 wq = stage_w(s)[strip_of(m) * 32 + lane];  // the layout's [block][strip][lane] order
       const ColumnDequant<T> lo0 = column_dequant<T, kFloatZero>(sz[col0]);
       const ColumnDequant<T> lo1 = column_dequant<T, kFloatZero>(sz[col1]);
-      const ColumnDequant<T> hi0 = one_group ? lo0 : column_dequant<T, kFloatZero>(sz[128 + col0]);
-      const ColumnDequant<T> hi1 = one_group ? lo1 : column_dequant<T, kFloatZero>(sz[128 + col1]);
+      const ColumnDequant<T> hi0 = one_group ? lo0 : column_dequant<T, kFloatZero>(sz[kTileCols + col0]);
+      const ColumnDequant<T> hi1 = one_group ? lo1 : column_dequant<T, kFloatZero>(sz[kTileCols + col1]);
       uint32_t w[4][2][2];  // [k-step][column c0 / c1][register]
       dequant_word<T, kFloatZero>(wq.x, lo0, lo1, w[0][0], w[0][1]);
       dequant_word<T, kFloatZero>(wq.y, lo0, lo1, w[1][0], w[1][1]);
       dequant_word<T, kFloatZero>(wq.z, hi0, hi1, w[2][0], w[2][1]);
       dequant_word<T, kFloatZero>(wq.w, hi0, hi1, w[3][0], w[3][1]);
-      const unsigned char* xs = stage_x(s) + x_row * 128;
 #pragma unroll
-      for (int pair = 0; pair < 2; ++pair) {
-        uint32_t b[4];
-        ldmatrix_x4(b, xs + (((4 * pair + x_chunk) ^ x_row) * 16));
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int j = 2 * pair + h;
-          // A = weights: rows g / g+8 are columns c0 / c1, k 2t.. then 2t+8..
-          const uint32_t a[4] = {w[j][0][0], w[j][1][0], w[j][0][1], w[j][1][1]};
-          const uint32_t bx[2] = {b[2 * h], b[2 * h + 1]};
-          mma_16816<T>(acc, a, bx);
-        }
+      for (int j = 0; j < 4; ++j) {
+        // A = weights: rows g / g+8 are columns c0 / c1, k 2t.. then 2t+8..
+        const uint32_t a[4] = {w[j][0][0], w[j][1][0], w[j][0][1], w[j][1][1]};
+        const uint32_t bx[2] = {b[j / 2][2 * (j % 2)], b[j / 2][2 * (j % 2) + 1]};
+        mma_16816<T>(acc[m], a, bx);
       }
     }
     __syncwarp();
@@ -228,27 +235,28 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
     if (it != args.iters - 1 && i != n - 1) continue;
     // ---- The tile ends here (or the range does): store or hand over. ----
     const int64_t tile_begin = static_cast<int64_t>(tile) * args.iters, tile_end = tile_begin + args.iters;
-    const int tile_col = tile * 128;
-    // D fragment: acc[0], acc[1] = column col0, rows 2t, 2t+1 of the pass;
-    // acc[2], acc[3] = column col1, same rows.
-    if (tile_begin >= u_begin && tile_end <= u_end) {  // the whole tile is this CTA's
+    const int tile_col = tile * kTileCols;
+    // D fragment of strip m: acc[m][0], [1] = column col0, rows 2t, 2t+1 of
+    // the pass; acc[m][2], [3] = column col1, same rows.
+    auto for_each_acc = [&](auto&& f) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = 2 * t + (e & 1), col = tile_col + (e < 2 ? col0 : col1);
-        if (active && r < rows && col < args.N) y[static_cast<int64_t>(m0 + r) * args.ldy + col] = from_float<T>(acc[e]);
-      }
+      for (int m = 0; m < kStripsPerWarp; ++m)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) f(2 * t + (e & 1), col0_of(m) + (e < 2 ? 0 : 8), acc[m][e]);
+    };
+    if (tile_begin >= u_begin && tile_end <= u_end) {  // the whole tile is this CTA's
+      for_each_acc([&](int r, int col, float v_out) {
+        if (r < rows && tile_col + col < args.N)
+          y[static_cast<int64_t>(m0 + r) * args.ldy + tile_col + col] = from_float<T>(v_out);
+      });
     } else {
       // Partial slot of CTA c: 0 for the first tile of its range, 1 for its last.
       auto partial_of = [&](int64_t c, int tile_index) {
-        const int slot = range_begin(c, units, ctas) / args.iters == tile_index ? 0 : 1;
-        return args.partial + (c * 2 + slot) * (kGemvRowsPerPass * 128);
+        const int slot_index = range_begin(c, units, ctas) / args.iters == tile_index ? 0 : 1;
+        return args.partial + (c * 2 + slot_index) * (kGemvRowsPerPass * kTileCols);
       };
       float* mine = partial_of(v, tile);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = 2 * t + (e & 1), col = e < 2 ? col0 : col1;
-        __stcg(mine + r * 128 + col, acc[e]);
-      }
+      for_each_acc([&](int r, int col, float v_out) { __stcg(mine + r * kTileCols + col, v_out); });
       __threadfence();  // this thread's partials are visible device-wide before the count
       consumer_sync();
       int* counter = args.counters + tile;
@@ -257,14 +265,14 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
       consumer_sync();
       if (last_cta) {
         __threadfence();
-        // One float4 of one row per thread, summed over the tile's CTAs in
+        // Float4s of the tile's rows, each summed over the tile's CTAs in
         // order (the same bits whichever CTA finishes last).
-        const int r = tid / 32, col = (tid % 32) * 4;
-        if (r < rows) {
+        for (int q = tid; q < rows * (kTileCols / 4); q += kConsumers) {
+          const int r = q / (kTileCols / 4), col = (q % (kTileCols / 4)) * 4;
           float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 4
           for (int c = first_cta; c <= last_cta_index; ++c) {
-            const float4 p = __ldcg(reinterpret_cast<const float4*>(partial_of(c, tile) + r * 128 + col));
+            const float4 p = __ldcg(reinterpret_cast<const float4*>(partial_of(c, tile) + r * kTileCols + col));
             sum.x += p.x;
             sum.y += p.y;
             sum.z += p.z;
@@ -280,7 +288,9 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
       }
     }
 #pragma unroll
-    for (int e = 0; e < 4; ++e) acc[e] = 0.0f;
+    for (int m = 0; m < kStripsPerWarp; ++m)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[m][e] = 0.0f;
   }
 #else
   (void)args;
@@ -308,9 +318,11 @@ void launch_typed(const GemvArgs& args, cudaStream_t stream) {
 
 }  // namespace
 
-int64_t gemv_units(int N_pad, int iters) { return static_cast<int64_t>((N_pad / 64 + 1) / 2) * iters; }
+int gemv_tiles(int N_pad) { return (N_pad / 64 + kBlocksPerTile - 1) / kBlocksPerTile; }
 
-size_t gemv_partial_floats(int ctas) { return static_cast<size_t>(ctas) * 2 * kGemvRowsPerPass * 128; }
+int64_t gemv_units(int N_pad, int iters) { return static_cast<int64_t>(gemv_tiles(N_pad)) * iters; }
+
+size_t gemv_partial_floats(int ctas) { return static_cast<size_t>(ctas) * 2 * kGemvRowsPerPass * kTileCols; }
 
 int gemv_ctas_per_sm(bool bf16) {
   static int cached[2] = {0, 0};

@@ -16,11 +16,12 @@ namespace lowbit::w4a16_detail {
 inline constexpr int kGemvRowsPerPass = 8;
 
 // split_k is the number of CTAs of the persistent grid; partial holds
-// gemv_partial_floats(split_k) floats and counters one int per 128-column
-// tile, zero between calls.
+// gemv_partial_floats(split_k) floats and counters gemv_tiles(N_pad) ints,
+// zero between calls.
 using GemvArgs = TiledGemmArgs;
 
-// Units of work: 128-column tiles x 64-row k-iterations.
+// Column tiles (512 columns each) and units of work (tiles x 64-row k-iterations).
+int gemv_tiles(int N_pad);
 int64_t gemv_units(int N_pad, int iters);
 size_t gemv_partial_floats(int ctas);
 // CTAs per SM the kernel keeps resident (occupancy query, cached).

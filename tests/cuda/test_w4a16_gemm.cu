@@ -210,8 +210,9 @@ void expect_gemv_unsupported() {
 // The gemv strategy (a persistent grid over 128-column x 64-row units):
 // every row count of a pass (1..8) and several passes; CTA counts that give
 // one CTA many tiles (1), ranges that cut tiles unevenly (3, 7) and more CTAs
-// than units (200, clamped: tiles shared by many CTAs); a last tile of one
-// 64-column block (N = 136); group 32 (two scale groups per unit), bf16,
+// than units (200, clamped: tiles shared by many CTAs); tiles of 512 columns
+// narrower than that (N = 64 .. 200) and three of them with a narrow last
+// (N = 1100); group 32 (two scale groups per unit), bf16,
 // float zero-point, odd K and N; and the reduction repeats bit for bit.
 TEST(W4A16Gemm, GemvEveryRowCountAndSplit) {
   LOWBIT_REQUIRE_GPU();
@@ -224,7 +225,8 @@ TEST(W4A16Gemm, GemvEveryRowCountAndSplit) {
   uint64_t seed = 300;
   for (const Case c : {Case{4096, 200, 128, ZeroKind::asym, DType::f16}, Case{1000, 72, -1, ZeroKind::sym, DType::bf16},
                        Case{576, 136, 32, ZeroKind::float_min_f16, DType::f16},
-                       Case{448, 64, 64, ZeroKind::asym, DType::bf16}}) {
+                       Case{448, 64, 64, ZeroKind::asym, DType::bf16},
+                       Case{640, 1100, 128, ZeroKind::asym, DType::f16}}) {
     const auto layer = test::random_layer(c.K, c.N, c.group, c.kind, seed++);
     const W4A16Weights w = W4A16Weights::prepare(layer, c.dtype);
     for (int64_t M : {1, 2, 3, 4, 5, 6, 7, 8, 9, 17}) {
@@ -244,8 +246,8 @@ TEST(W4A16Gemm, GemvEveryRowCountAndSplit) {
       }
     }
   }
-  // K = 4096, N = 256: 2 tiles x 64 iterations = 128 units, the most CTAs.
-  const W4A16Weights big = W4A16Weights::random(4096, 256, 128, DType::f16, 9);
+  // K = 4096, N = 1024: 2 tiles x 64 iterations = 128 units, the most CTAs.
+  const W4A16Weights big = W4A16Weights::random(4096, 1024, 128, DType::f16, 9);
   EXPECT_EQ(w4a16_plan(8, big, {W4A16Strategy::gemv, 1000}).split_k, 128);
   EXPECT_EQ(w4a16_plan(1, big, {W4A16Strategy::gemv, 5}).split_k, 5);
   EXPECT_GE(w4a16_plan(1, big, {W4A16Strategy::gemv, 0}).split_k, 1);
