@@ -52,7 +52,7 @@ namespace {
 // 1.6-1.8 TB/s here).
 constexpr int kBlocksPerTile = 8;
 constexpr int kTileCols = kBlocksPerTile * 64;
-constexpr int kConsumerWarps = 8;
+constexpr int kConsumerWarps = 16;
 constexpr int kConsumers = kConsumerWarps * 32;
 constexpr int kThreads = kConsumers + 32;  // + the producer warp
 constexpr int kStages = 10;                // 10 x 16 KB of weights in flight per SM
@@ -179,9 +179,9 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
     return;
   }
 
-  // ---- Consumers: warp w computes the 16-column strips w, w + 8, w + 16,
-  // w + 24 of the tile (strip j: block j / 4 of the tile, its columns
-  // 16 (j % 4) .. +15); four independent mma chains per warp. ----
+  // ---- Consumers: warp w computes the 16-column strips w + 16 m of the
+  // tile (strip j: block j / 4 of the tile, its columns 16 (j % 4) .. +15),
+  // independent mma chains. ----
   cuda::pdl_wait();  // y and the workspace may still be read by the previous kernel
   const int g = lane / 4, t = lane % 4;
   const int rows = min(kGemvRowsPerPass, args.M - m0);
