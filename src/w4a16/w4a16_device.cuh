@@ -98,6 +98,41 @@ __device__ __forceinline__ void word_pairs(uint32_t w, const ColumnDequant<__nv_
                    (j < 2 ? c0 : c1).lo_sub);
 }
 
+// The codes of one word as exact 16-bit values with no zero point or scale
+// applied, in the register order of word_pairs: fp16 pairs 0 and 2 are
+// kCodeBias + q and pairs 1 and 3 (the codes in bits 4..7 of each byte)
+// kCodeBias + 16 q; bf16 pairs are all 128 + q. For kernels that apply the
+// zero point and the scale after the dot product (w4a16_gemv.cu): one SHF and
+// four LOP3 per eight codes, where dequant_word adds four subtractions and
+// four multiplies.
+template <typename T>
+inline constexpr float kCodeBias = std::is_same_v<T, half> ? 1024.0f : 128.0f;
+
+template <typename T>
+__device__ __forceinline__ void raw_word_pairs(uint32_t w, uint32_t (&p)[4]) {
+  if constexpr (std::is_same_v<T, half>) {
+    const uint32_t w_hi = w >> 8;
+    p[0] = mask_or<0x000F000Fu, 0x64006400u>(w);
+    p[1] = mask_or<0x00F000F0u, 0x64006400u>(w);
+    p[2] = mask_or<0x000F000Fu, 0x64006400u>(w_hi);
+    p[3] = mask_or<0x00F000F0u, 0x64006400u>(w_hi);
+  } else {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) p[j] = mask_or<0x000F000Fu, 0x43004300u>(w >> (4 * j));
+  }
+}
+
+// A column's scale and zero term in fp32 for kernels that scale after the
+// dot product: w = s * q + offset, offset = -s * z (integer zero point) or m.
+template <typename T, bool kFloatZero>
+__device__ __forceinline__ void column_scale_offset(uint32_t packed, float& scale, float& offset) {
+  float2 sz;
+  if constexpr (std::is_same_v<T, half>) sz = __half22float2(from_u32<half2>(packed));
+  else sz = __bfloat1622float2(from_u32<__nv_bfloat162>(packed));
+  scale = sz.x;
+  offset = kFloatZero ? sz.y : -sz.x * sz.y;
+}
+
 // Dequantizes one word into the B registers of two mma tiles: b0 for
 // n-subtile 0 (column c0) and b1 for n-subtile 1 (column c1). One multiply
 // (or, for float zero-point, one fma with m) rounds each weight once.
