@@ -34,6 +34,8 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 #include "lowbit/core/error.h"
 #include "lowbit/cuda/check.h"
@@ -107,7 +109,8 @@ __device__ __forceinline__ void consumer_sync() {
 
 template <typename T, bool kFloatZero>
 __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
-    w4a16_gemv_kernel(const __grid_constant__ CUtensorMap x_map, const GemvArgs args, const int m0) {
+    w4a16_gemv_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map,
+                      const GemvArgs args, const int m0, const bool weights_by_map) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ unsigned char smem_raw[];
   __shared__ uint64_t full[kStages], empty[kStages];  // per slot: bytes landed / consumers done reading
@@ -145,11 +148,14 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
     auto produce_weights = [&](int i, const UnitCursor& c, const SlotCursor& slot) {
       const int s = slot.slot;
       const int blocks = min(kBlocksPerTile, n_blocks - kBlocksPerTile * c.tile), parts = one_group ? 1 : 2;
-      const uint32_t w_bytes = blocks * 128 * 16, sz_bytes = blocks * 64 * 4;
+      const uint32_t w_bytes = weights_by_map ? Smem::kWBytes : blocks * 128 * 16, sz_bytes = blocks * 64 * 4;
       if (i >= kStages) mbar_wait(&empty[s], slot.phase ^ 1);  // released by the use before this one
       mbar_arrive_expect_tx(&full[s], Smem::kXBytes + w_bytes + parts * sz_bytes);
-      bulk_load(stage_w(s), args.qweight + (static_cast<int64_t>(c.it) * n_blocks + kBlocksPerTile * c.tile) * 128, w_bytes,
-                &full[s]);
+      const int first_block = c.it * n_blocks + kBlocksPerTile * c.tile;
+      if (weights_by_map)
+        tma_load_3d(stage_w(s), &w_map, 0, 0, first_block, &full[s]);
+      else
+        bulk_load(stage_w(s), args.qweight + static_cast<int64_t>(first_block) * 128, w_bytes, &full[s]);
       for (int part = 0; part < parts; ++part) {
         const int k = c.it * 64 + 32 * part;
         const int group = args.group_shift < 0 ? 0 : k >> args.group_shift;
@@ -367,6 +373,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
 #else
   (void)args;
   (void)m0;  // built without sm_90: gemv_supported() keeps this from being launched
+  (void)weights_by_map;
 #endif
 }
 
@@ -379,11 +386,16 @@ void launch_typed(const GemvArgs& args, cudaStream_t stream) {
     configured = true;
   }
   const CUtensorMap map = encode_x_tensor_map(args, kGemvRowsPerPass, std::is_same_v<T, __nv_bfloat16>);
+  const CUtensorMap w_map = encode_weight_tensor_map(args, kBlocksPerTile);
+  static const bool by_map = [] {
+    const char* v = std::getenv("LOWBIT_GEMV_BULK");
+    return v == nullptr || std::string(v) != "1";
+  }();
   // Passes of 8 rows run one after the other on the stream; each finishes
   // its tiles before the next reuses the partials and counters.
   for (int m0 = 0; m0 < args.M; m0 += kGemvRowsPerPass) {
     cuda::launch_with_pdl(kernel, dim3(static_cast<unsigned>(args.split_k)), dim3(kThreads),
-                          static_cast<size_t>(Smem::kBytes), stream, map, args, m0);
+                          static_cast<size_t>(Smem::kBytes), stream, map, w_map, args, m0, by_map);
     LOWBIT_CUDA_CHECK_LAUNCH();
   }
 }

@@ -398,7 +398,9 @@ void launch_rows(const WgmmaArgs& args, int rows_per_tile, cudaStream_t stream) 
 
 }  // namespace
 
-CUtensorMap encode_x_tensor_map(const TiledGemmArgs& a, int rows, bool bf16) {
+namespace {
+
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
   if (encode == nullptr) {
     void* fn = nullptr;
@@ -409,12 +411,18 @@ CUtensorMap encode_x_tensor_map(const TiledGemmArgs& a, int rows, bool bf16) {
       fail(ErrorKind::unsupported, "W4A16: the CUDA driver has no cuTensorMapEncodeTiled");
     encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }
+  return encode;
+}
+
+}  // namespace
+
+CUtensorMap encode_x_tensor_map(const TiledGemmArgs& a, int rows, bool bf16) {
   CUtensorMap map;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(a.K), static_cast<cuuint64_t>(a.M)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(a.ldx) * 2};
   const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(rows)};
   const cuuint32_t element_strides[2] = {1, 1};
-  const CUresult r = encode(&map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+  const CUresult r = tensor_map_encoder()(&map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
                             2, const_cast<void*>(a.x), dims, strides, box, element_strides,
                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
@@ -422,6 +430,23 @@ CUtensorMap encode_x_tensor_map(const TiledGemmArgs& a, int rows, bool bf16) {
     fail(ErrorKind::invalid_argument, "W4A16: cannot describe x [", a.M, ", ", a.K,
          "] with row stride ", a.ldx, " to the copy engine (CUresult ", static_cast<int>(r),
          "): rows must be 16-byte aligned");
+  return map;
+}
+
+CUtensorMap encode_weight_tensor_map(const TiledGemmArgs& a, int blocks_per_box) {
+  CUtensorMap map;
+  const cuuint64_t blocks = static_cast<cuuint64_t>(a.iters) * static_cast<cuuint64_t>(a.N_pad / 64);
+  const cuuint64_t dims[3] = {256, 2, blocks};
+  const cuuint64_t strides[2] = {1024, 2048};
+  const cuuint32_t box[3] = {256, 2, static_cast<cuuint32_t>(blocks_per_box)};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT32, 3, const_cast<uint4*>(a.qweight),
+                                          dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                          CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    fail(ErrorKind::internal, "W4A16: cannot describe the weights (", blocks, " blocks of 2 KB) to the copy engine (CUresult ",
+         static_cast<int>(r), ")");
   return map;
 }
 
