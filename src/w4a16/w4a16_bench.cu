@@ -52,7 +52,9 @@ void run_w4a16_gemm_benchmark(const W4A16BenchOptions& options) {
 
   const CudaDeviceInfo dev = cuda_device_info(0);
   const double copy_GBps = measure_copy_bandwidth_GBps(0);
-  std::printf("device: %s, %d SMs; measured copy bandwidth %.0f GB/s\n", dev.name.c_str(), dev.sm_count, copy_GBps);
+  std::printf("device: %s, %d SMs; measured copy bandwidth %.0f GB/s; L2 evicted between calls by %s\n",
+              dev.name.c_str(), dev.sm_count, copy_GBps,
+              options.flush_by_reading ? "reading a buffer (clean lines)" : "writing a buffer (dirty lines)");
   std::unique_ptr<bench::JsonRowsWriter> json;
   if (!options.json_path.empty()) json = std::make_unique<bench::JsonRowsWriter>(options.json_path);
 
@@ -61,6 +63,7 @@ void run_w4a16_gemm_benchmark(const W4A16BenchOptions& options) {
   cuda::CudaTimerOptions timer;
   timer.reps = options.reps;
   timer.warmup = 5;
+  timer.flush_by_reading = options.flush_by_reading;
   std::vector<W4A16Strategy> strategies = {W4A16Strategy::automatic,     W4A16Strategy::data_parallel,
                                            W4A16Strategy::split_k_atomic, W4A16Strategy::split_k_deterministic,
                                            W4A16Strategy::stream_k,       W4A16Strategy::decoupled,

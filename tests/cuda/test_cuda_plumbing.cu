@@ -191,6 +191,42 @@ TEST(CudaTimer, SpinKernelTimedWithinTolerance) {
   EXPECT_LE(t.median_us, t.p90_us);
 }
 
+// Reads n 16-byte words (the xor keeps the loads).
+__global__ void read_words_kernel(const uint4* p, size_t n, unsigned* sink) {
+  uint32_t acc = 0;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const uint4 v = p[i];
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9E3779B9u) atomicAdd(sink, 1u);
+}
+
+// Both ways of evicting L2 evict it: a 24 MB read (it fits in the H100's
+// 50 MB L2) is slower after either flush than when it stays cached.
+TEST(CudaTimer, BothFlushModesEvictL2) {
+  LOWBIT_REQUIRE_GPU();
+  const size_t bytes = size_t{24} << 20;
+  Buffer data(bytes, Device::cuda, 0), sink(sizeof(unsigned), Device::cuda, 0);
+  LOWBIT_CUDA_CHECK(cudaMemset(data.data(), 1, bytes));
+  auto read = [&](cudaStream_t s) {
+    read_words_kernel<<<1024, 256, 0, s>>>(static_cast<const uint4*>(data.data()), bytes / 16,
+                                           static_cast<unsigned*>(sink.data()));
+  };
+  auto median = [&](bool flush, bool by_reading) {
+    cuda::CudaTimerOptions o;
+    o.reps = 30;
+    o.flush_l2 = flush;
+    o.flush_by_reading = by_reading;
+    return cuda::time_cuda(read, o).median_us;
+  };
+  const double cached = median(false, false), written = median(true, false), read_back = median(true, true);
+  std::printf("24 MB read: cached %.1f us, after a write flush %.1f us, after a read flush %.1f us\n", cached,
+              written, read_back);
+  EXPECT_GT(written, 1.2 * cached);
+  EXPECT_GT(read_back, 1.2 * cached);
+}
+
 TEST(CudaTimer, RejectsBadOptionsAndPropagatesLaunchErrors) {
   LOWBIT_REQUIRE_GPU();
   cuda::CudaTimerOptions bad;

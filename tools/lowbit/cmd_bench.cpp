@@ -21,6 +21,7 @@ void add_bench_command(CLI::App& app) {
       "the M = 1 bandwidth against the measured copy bandwidth.");
   static W4A16BenchOptions options;
   static std::string dtype = "f16";
+  static std::string l2_flush = "write";
   std::vector<std::string> labels;
   for (const auto& s : w4a16_bench_shapes()) labels.push_back(s.label);
   gemm->add_option("--shapes", options.shapes, "Layer shapes to run (default: all)")
@@ -46,7 +47,14 @@ void add_bench_command(CLI::App& app) {
                    "Also time the gemv strategy with these CTA counts forced (M <= 16 only)")
       ->delimiter(',')
       ->check(CLI::PositiveNumber);
+  gemm->add_option("--l2-flush", l2_flush,
+                   "How L2 is evicted before each timed call: 'write' (a memset, as the peers' anchors were taken; "
+                   "leaves dirty lines that the timed call writes back) or 'read' (clean lines, as a decode step "
+                   "finds them)")
+      ->check(CLI::IsMember({"write", "read"}))
+      ->capture_default_str();
   gemm->callback([] {
+    options.flush_by_reading = l2_flush == "read";
     options.dtype = dtype == "bf16" ? DType::bf16 : DType::f16;
     run_w4a16_gemm_benchmark(options);
   });

@@ -16,6 +16,13 @@ struct CudaTimerOptions {
   int warmup = 10;         // untimed calls first: module load, cuBLAS heuristics, clocks ramping up
   int reps = 100;          // timed calls; the median of these is the result
   bool flush_l2 = true;    // evict L2 before each timed call (outside the timed region)
+  // How: false writes the flush buffer (cudaMemset, as triton.testing.do_bench
+  // and the peer anchors do), which leaves L2 full of dirty lines that the
+  // timed call then pays to write back to HBM while it reads; true reads it
+  // instead (clean lines, the state a decode step's GEMM finds: the previous
+  // layer's weights). The difference is ~50 MB of write-back on an H100,
+  // which matters most for the calls that read the fewest bytes.
+  bool flush_by_reading = false;
   cudaStream_t stream = nullptr;  // the stream `launch` must enqueue on
 };
 
@@ -30,8 +37,8 @@ struct CudaTimerOptions {
 bench::TimingStats time_cuda(const std::function<void(cudaStream_t)>& launch,
                              const CudaTimerOptions& options = {});
 
-// Bytes of the buffer written before each timed call to evict L2 on the
-// current device: max(2 x L2 size, 256 MiB).
+// Bytes of the buffer written (or read) before each timed call to evict L2 on
+// the current device: max(2 x L2 size, 256 MiB).
 size_t l2_flush_bytes();
 
 }  // namespace lowbit::cuda
