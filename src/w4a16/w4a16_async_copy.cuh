@@ -25,11 +25,6 @@ namespace lowbit::w4a16_detail {
 // at chunk c ^ (r % 8)); rows past M and columns past K arrive as zeros.
 CUtensorMap encode_x_tensor_map(const TiledGemmArgs& a, int rows, bool bf16);
 
-// The tiled weights as a 3-D tensor for the copy engine: [k-iteration x
-// 64-column block][2 halves][256 words], so that a box {256, 2, blocks} is
-// `blocks` consecutive 2 KB blocks of one k-iteration (contiguous bytes).
-CUtensorMap encode_weight_tensor_map(const TiledGemmArgs& a, int blocks_per_box);
-
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 
 __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
@@ -66,16 +61,6 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
           smem_address(dst)),
       "l"(src), "r"(bytes), "r"(smem_address(bar))
-      : "memory");
-}
-
-// TMA: the box at (c0, c1, c2) of a 3-D tensor map into dst, completing on bar.
-__device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, int c0, int c1, int c2,
-                                            uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, "
-      "%4}], [%5];\n" ::"r"(smem_address(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_address(bar))
       : "memory");
 }
 

@@ -34,8 +34,6 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <string>
 
 #include "lowbit/core/error.h"
 #include "lowbit/cuda/check.h"
@@ -59,6 +57,14 @@ constexpr int kConsumers = kConsumerWarps * 32;
 constexpr int kThreads = kConsumers + 32;  // + the producer warp
 constexpr int kStages = 10;                // 10 x 16 KB of weights in flight per SM
 constexpr int kMinCtasPerSm = 1;
+
+// Rows of x one TMA load brings: min(M, 8). A box past M would be
+// zero-filled by the copy engine, and loads of mostly out-of-bounds boxes cost
+// the pipeline more than their bytes (a 1-row x in an 8-row box, every
+// stage); the rows of a stage past M are left stale instead, which only
+// reaches output rows that are never stored (an mma's column n of D depends
+// on column n of B alone).
+__host__ __device__ constexpr int x_box_rows(int M) { return M < kGemvRowsPerPass ? M : kGemvRowsPerPass; }
 
 struct Smem {
   static constexpr int kXBytes = kGemvRowsPerPass * 128;  // 8 rows x 64 halves, 128-byte swizzle
@@ -109,8 +115,7 @@ __device__ __forceinline__ void consumer_sync() {
 
 template <typename T, bool kFloatZero>
 __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
-    w4a16_gemv_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map,
-                      const GemvArgs args, const int m0, const bool weights_by_map) {
+    w4a16_gemv_kernel(const __grid_constant__ CUtensorMap x_map, const GemvArgs args, const int m0) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ unsigned char smem_raw[];
   __shared__ uint64_t full[kStages], empty[kStages];  // per slot: bytes landed / consumers done reading
@@ -126,6 +131,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
   const int64_t u_begin = range_begin(v, units, ctas), u_end = range_begin(v + 1, units, ctas);
   const int n = static_cast<int>(u_end - u_begin);
   const bool one_group = args.group_shift < 0 || args.group_shift >= 6;  // rows k0 and k0+32 share scales
+  const uint32_t x_bytes = x_box_rows(args.M) * 128;
 
   auto stage_x = [&](int s) { return smem + s * Smem::kStageBytes; };
   auto stage_w = [&](int s) { return reinterpret_cast<uint4*>(smem + s * Smem::kStageBytes + Smem::kXBytes); };
@@ -148,14 +154,11 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
     auto produce_weights = [&](int i, const UnitCursor& c, const SlotCursor& slot) {
       const int s = slot.slot;
       const int blocks = min(kBlocksPerTile, n_blocks - kBlocksPerTile * c.tile), parts = one_group ? 1 : 2;
-      const uint32_t w_bytes = weights_by_map ? Smem::kWBytes : blocks * 128 * 16, sz_bytes = blocks * 64 * 4;
+      const uint32_t w_bytes = blocks * 128 * 16, sz_bytes = blocks * 64 * 4;
       if (i >= kStages) mbar_wait(&empty[s], slot.phase ^ 1);  // released by the use before this one
-      mbar_arrive_expect_tx(&full[s], Smem::kXBytes + w_bytes + parts * sz_bytes);
+      mbar_arrive_expect_tx(&full[s], x_bytes + w_bytes + parts * sz_bytes);
       const int first_block = c.it * n_blocks + kBlocksPerTile * c.tile;
-      if (weights_by_map)
-        tma_load_3d(stage_w(s), &w_map, 0, 0, first_block, &full[s]);
-      else
-        bulk_load(stage_w(s), args.qweight + static_cast<int64_t>(first_block) * 128, w_bytes, &full[s]);
+      bulk_load(stage_w(s), args.qweight + static_cast<int64_t>(first_block) * 128, w_bytes, &full[s]);
       for (int part = 0; part < parts; ++part) {
         const int k = c.it * 64 + 32 * part;
         const int group = args.group_shift < 0 ? 0 : k >> args.group_shift;
@@ -373,7 +376,6 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
 #else
   (void)args;
   (void)m0;  // built without sm_90: gemv_supported() keeps this from being launched
-  (void)weights_by_map;
 #endif
 }
 
@@ -385,17 +387,12 @@ void launch_typed(const GemvArgs& args, cudaStream_t stream) {
     LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Smem::kBytes));
     configured = true;
   }
-  const CUtensorMap map = encode_x_tensor_map(args, kGemvRowsPerPass, std::is_same_v<T, __nv_bfloat16>);
-  const CUtensorMap w_map = encode_weight_tensor_map(args, kBlocksPerTile);
-  static const bool by_map = [] {
-    const char* v = std::getenv("LOWBIT_GEMV_BULK");
-    return v == nullptr || std::string(v) != "1";
-  }();
+  const CUtensorMap map = encode_x_tensor_map(args, x_box_rows(args.M), std::is_same_v<T, __nv_bfloat16>);
   // Passes of 8 rows run one after the other on the stream; each finishes
   // its tiles before the next reuses the partials and counters.
   for (int m0 = 0; m0 < args.M; m0 += kGemvRowsPerPass) {
     cuda::launch_with_pdl(kernel, dim3(static_cast<unsigned>(args.split_k)), dim3(kThreads),
-                          static_cast<size_t>(Smem::kBytes), stream, map, w_map, args, m0, by_map);
+                          static_cast<size_t>(Smem::kBytes), stream, map, args, m0);
     LOWBIT_CUDA_CHECK_LAUNCH();
   }
 }

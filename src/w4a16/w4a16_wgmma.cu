@@ -63,6 +63,14 @@ constexpr int kAhead = 3;
 static_assert(kAhead < kStages - 1,
               "a warpgroup must be able to run ahead of the other by one slot at least");
 
+// Rows of x one TMA load brings: the tile's rows, or M when the problem has
+// fewer (decode). Rows of a stage past M are then left stale rather than
+// zero-filled by the copy engine, which only reaches accumulators of output
+// rows that are never stored (a wgmma's column n of D depends on column n of
+// B alone).
+template <int kMTile>
+__host__ __device__ constexpr int x_box_rows(int M) { return M < kMTile ? M : kMTile; }
+
 template <int kMTile>
 struct Smem {
   static constexpr int kXBytes = kMTile * 128;  // kMTile rows of x x 64 halves, 128-byte swizzle
@@ -160,7 +168,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>)
   auto produce_weights = [&](int i) {
     const int s = i % kStages, it = it_begin + i, k0 = it * 64;
     if (i >= kStages) mbar_wait(&empty[s], ((i / kStages) + 1) & 1);
-    mbar_arrive_expect_tx(&full[s], S::kXBytes + w_bytes + 2 * sz_bytes);
+    mbar_arrive_expect_tx(&full[s], x_box_rows<kMTile>(args.M) * 128 + w_bytes + 2 * sz_bytes);
     bulk_load(stage_w(s), args.qweight + (static_cast<int64_t>(it) * n_blocks + blockIdx.y * 2) * 128,
               w_bytes, &full[s]);
 #pragma unroll
@@ -373,7 +381,7 @@ void launch_typed(const WgmmaArgs& args, cudaStream_t stream) {
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Smem<kMTile>::kBytes));
     configured = true;
   }
-  const CUtensorMap map = encode_x_tensor_map(args, kMTile, std::is_same_v<T, __nv_bfloat16>);
+  const CUtensorMap map = encode_x_tensor_map(args, x_box_rows<kMTile>(args.M), std::is_same_v<T, __nv_bfloat16>);
   const dim3 grid(static_cast<unsigned>((args.M + kMTile - 1) / kMTile),
                   static_cast<unsigned>((args.N_pad + 127) / 128), static_cast<unsigned>(args.split_k));
   cuda::launch_with_pdl(kernel, grid, dim3(kThreads), static_cast<size_t>(Smem<kMTile>::kBytes), stream, map, args);
@@ -430,23 +438,6 @@ CUtensorMap encode_x_tensor_map(const TiledGemmArgs& a, int rows, bool bf16) {
     fail(ErrorKind::invalid_argument, "W4A16: cannot describe x [", a.M, ", ", a.K,
          "] with row stride ", a.ldx, " to the copy engine (CUresult ", static_cast<int>(r),
          "): rows must be 16-byte aligned");
-  return map;
-}
-
-CUtensorMap encode_weight_tensor_map(const TiledGemmArgs& a, int blocks_per_box) {
-  CUtensorMap map;
-  const cuuint64_t blocks = static_cast<cuuint64_t>(a.iters) * static_cast<cuuint64_t>(a.N_pad / 64);
-  const cuuint64_t dims[3] = {256, 2, blocks};
-  const cuuint64_t strides[2] = {1024, 2048};
-  const cuuint32_t box[3] = {256, 2, static_cast<cuuint32_t>(blocks_per_box)};
-  const cuuint32_t element_strides[3] = {1, 1, 1};
-  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT32, 3, const_cast<uint4*>(a.qweight),
-                                          dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                          CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    fail(ErrorKind::internal, "W4A16: cannot describe the weights (", blocks, " blocks of 2 KB) to the copy engine (CUresult ",
-         static_cast<int>(r), ")");
   return map;
 }
 
