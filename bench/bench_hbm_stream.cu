@@ -163,7 +163,7 @@ int run(int argc, char** argv) {
     lowbit::bench::BenchRow row;
     row.suite = "hbm_stream";
     row.impl = impl;
-    row.shape = {{"bytes", static_cast<int64_t>(kStreamBytes)}};
+    row.shape = {{"stream_bytes", static_cast<int64_t>(kStreamBytes)}};
     row.bytes = kStreamBytes;
     row.stats = lowbit::cuda::time_cuda(launch, timer);
     row.extra = {{"copy_GBps", copy_GBps}};
