@@ -67,6 +67,7 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t b
 #endif
 
 constexpr int kSideBytes = 3072;  // the gemv kernel's per-stage extras: 2 KB of scales + 1 KB of x
+constexpr size_t kSideSpan = size_t{32} << 20;  // the extras' source buffer
 
 // Chunks [c * chunks / grid, (c + 1) * chunks / grid) per CTA; `tiled` maps
 // chunk u to the tiled layout's address of (tile u / iters, k-iteration u % iters).
@@ -93,7 +94,8 @@ __global__ void __launch_bounds__(288) bulk_stream_kernel(const char* src, size_
       bulk_copy(ring + s * kChunk, src + chunk * kChunk, kChunk, &full[s]);
       if (side) {
         char* extra = ring + kStages * kChunk + s * kSideBytes;
-        bulk_copy(extra, side_src + ((u % iters) / 2 * tiles + u / iters) * 2048, 2048, &full[s]);
+        // Scales: a 2 KB row per (group of 2 k-iterations, tile); x: 1 KB per k-iteration (mostly L2 hits).
+        bulk_copy(extra, side_src + ((u % iters) / 2 * tiles + u / iters) * 2048 % kSideSpan, 2048, &full[s]);
         bulk_copy(extra + 2048, side_src + (u % iters) * 1024 % (size_t{1} << 20), 1024, &full[s]);
       }
     }
@@ -151,7 +153,7 @@ int run(int argc, char** argv) {
   const double copy_GBps = lowbit::measure_copy_bandwidth_GBps(0);
   std::printf("device: %s, %d SMs; copy bandwidth %.0f GB/s; stream of %zu MB\n", dev.name.c_str(), dev.sm_count,
               copy_GBps, kStreamBytes >> 20);
-  Buffer src(kStreamBytes, Device::cuda), side(size_t{4} << 20, Device::cuda), sink(4, Device::cuda);
+  Buffer src(kStreamBytes, Device::cuda), side(kSideSpan, Device::cuda), sink(4, Device::cuda);
   LOWBIT_CUDA_CHECK(cudaMemset(src.data(), 3, src.size()));
   LOWBIT_CUDA_CHECK(cudaMemset(side.data(), 1, side.size()));
   std::unique_ptr<lowbit::bench::JsonRowsWriter> json;
