@@ -224,7 +224,9 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
   // Selector A: row g sums k 2t.. (the lo rows of a k-step), row g + 8 the hi rows.
   const uint32_t selector[4] = {kOne, 0u, 0u, kOne};
   const bool two_groups = !one_group;  // group 32: k-steps 0-1 and 2-3 have their own scales
-  const int fold_every = args.group_shift < 0 ? 0 : max(1, (1 << args.group_shift) / 64);  // k-iterations per group
+  // k-iterations per group minus one (group sizes are powers of two), or -1
+  // per channel: a mask, since a division per unit showed in the profile.
+  const int fold_mask = args.group_shift < 0 ? -1 : (args.group_shift <= 6 ? 0 : (1 << (args.group_shift - 6)) - 1);
 
   float raw[kStripsPerWarp][2][4] = {};  // [strip][k half: k-steps 0-1 / 2-3][D element] since the last fold
   float xsum[2][4] = {};                 // [k half]: d0, d1 = lo-row sums, d2, d3 = hi-row sums (x rows 2t, 2t+1)
@@ -262,6 +264,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
       for (int e = 0; e < 4; ++e) xsum[h][e] = 0.0f;
   };
 
+  const uint32_t full_bar = smem_address(&full[0]), empty_bar = smem_address(&empty[0]);
   UnitCursor cursor(u_begin, args.iters);
   SlotCursor slot;
   for (int i = 0; i < n; ++i, cursor.next(args.iters), slot.next()) {
@@ -269,7 +272,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
     const int tile = cursor.tile, it = cursor.it;
     const int tile_blocks = min(kBlocksPerTile, n_blocks - kBlocksPerTile * tile);  // the last tile may be narrower
     const bool tile_ends = it == args.iters - 1 || i == n - 1;
-    mbar_wait(&full[s], slot.phase);
+    mbar_wait(full_bar + 8 * s, slot.phase);
     const unsigned char* xs = stage_x(s) + x_row * 128;
     uint32_t bx[4][2];  // x as the B fragment of k-step j: k 2t.. (lo), k 2t+8.. (hi)
 #pragma unroll
@@ -307,11 +310,11 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
     if (two_groups) {
       fold(0, 0, sz, tile_blocks);
       fold(1, 1, sz + kTileCols, tile_blocks);
-    } else if (tile_ends || (fold_every > 0 && (it + 1) % fold_every == 0)) {
+    } else if (tile_ends || (fold_mask >= 0 && ((it + 1) & fold_mask) == 0)) {
       fold(0, 1, sz, tile_blocks);
     }
     __syncwarp();
-    if (lane == 0) mbar_arrive(&empty[s]);  // release semantics: this warp's reads of the slot are done
+    if (lane == 0) mbar_arrive(empty_bar + 8 * s);  // release semantics: this warp's reads of the slot are done
 
     if (!tile_ends) continue;
     // ---- The tile ends here (or the range does): store or hand over. ----

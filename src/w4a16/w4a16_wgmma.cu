@@ -200,12 +200,13 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>)
   const int col0 = warp * 16 + g, col1 = col0 + 8;  // this lane's columns within the 64-column block
   const bool one_group = args.group_shift < 0 || args.group_shift >= 6;
   const uint32_t smem_base = smem_address(smem);
+  const uint32_t full_bar = smem_address(&full[0]), empty_bar = smem_address(&empty[0]);  // converted once
 
   // One k-iteration (64 rows of K): dequantize this warp's 16 x 64 slice of
   // W^T into the A fragments of four k16 steps, then four wgmma.
   for (int j = 0; j < n; ++j) {
     const int s = j % kStages;
-    mbar_wait(&full[s], (j / kStages) & 1);  // TMA writes and wgmma reads are both async proxy: no fence
+    mbar_wait(full_bar + 8 * s, (j / kStages) & 1);  // TMA writes and wgmma reads are both async proxy: no fence
     // An inactive warpgroup (past the last column block) computes on stale
     // shared memory and stores nothing: branching around wgmma would make the
     // compiler serialize every wgmma of the kernel (it cannot prove the branch
@@ -248,7 +249,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>)
     if (tid == 0 && j + kAhead < n) produce(j + kAhead);
     wgmma_wait<0>();
     fence_accumulators(acc);
-    mbar_arrive(&empty[s]);
+    mbar_arrive(empty_bar + 8 * s);
   }
 
   // Accumulator i*4 + e: W^T row g (+8 for e >= 2) = output column, x row
