@@ -163,16 +163,22 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>)
   // contiguous, and so are a group's scale/zero pairs of those columns.
   const int tile_blocks = min(2, n_blocks - static_cast<int>(blockIdx.y) * 2);
   const uint32_t w_bytes = tile_blocks * 128 * 16, sz_bytes = tile_blocks * 64 * 4;
+  // Rows k0 and k0 + 32 share their scales unless the group is 32 rows: one
+  // scale copy then, not two. At decode a stage is only 4 KB of weights, and
+  // the copy engine's cost per copy shows (bench_hbm_stream: 4 KB stages with
+  // two small extra copies each stream at ~60% of copy bandwidth, without
+  // them at ~80%).
+  const bool one_group = args.group_shift < 0 || args.group_shift >= 6;
+  const int sz_parts = one_group ? 1 : 2;
   // The weights and scales of stage i (and the stage's whole byte count);
   // x separately, since only x depends on the kernels before this one.
   auto produce_weights = [&](int i) {
     const int s = i % kStages, it = it_begin + i, k0 = it * 64;
     if (i >= kStages) mbar_wait(&empty[s], ((i / kStages) + 1) & 1);
-    mbar_arrive_expect_tx(&full[s], x_box_rows<kMTile>(args.M) * 128 + w_bytes + 2 * sz_bytes);
+    mbar_arrive_expect_tx(&full[s], x_box_rows<kMTile>(args.M) * 128 + w_bytes + sz_parts * sz_bytes);
     bulk_load(stage_w(s), args.qweight + (static_cast<int64_t>(it) * n_blocks + blockIdx.y * 2) * 128,
               w_bytes, &full[s]);
-#pragma unroll
-    for (int part = 0; part < 2; ++part) {  // the groups of rows k0 and k0 + 32
+    for (int part = 0; part < sz_parts; ++part) {  // the groups of rows k0 and k0 + 32
       const int group = args.group_shift < 0 ? 0 : (k0 + 32 * part) >> args.group_shift;
       bulk_load(stage_sz(s) + part * 128,
                 args.scale_zero + static_cast<int64_t>(group) * args.N_pad + blockIdx.y * 128, sz_bytes,
@@ -198,7 +204,6 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>)
   if (tid == 0)
     for (int i = 0; i < kAhead && i < n; ++i) produce_x(i);
   const int col0 = warp * 16 + g, col1 = col0 + 8;  // this lane's columns within the 64-column block
-  const bool one_group = args.group_shift < 0 || args.group_shift >= 6;
   const uint32_t smem_base = smem_address(smem);
   const uint32_t full_bar = smem_address(&full[0]), empty_bar = smem_address(&empty[0]);  // converted once
 
