@@ -589,9 +589,9 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
     // Without sm_90a: the fused mma.sync kernel up to 64 rows, then the
     // decoupled GEMM (cheaper than re-reading the weights every 64 rows).
     // The H100 measurements behind this: docs/w4a16-gemm.md.
-    // The gemv strategy is not chosen: on the H100 it lost to wgmma at every
-    // M from 1 to 16 (geometric mean 1.71x vs 2.11x cuBLAS at M = 1, the
-    // weight stream reached 1.3-1.6 TB/s against wgmma's 2.0; docs/w4a16-gemm.md).
+    // The gemv strategy is not chosen: on the H100 it ties wgmma on the
+    // widest layers at M = 1 and loses on the others (geometric mean 1.71x
+    // vs 2.21x cuBLAS at M = 1, 0.88x vs 2.05x at M = 16; docs/w4a16-gemm.md, "v6").
     if (w4a16_wgmma_available(w.device())) {
       plan.strategy = W4A16Strategy::wgmma;
       if (M > 512) {

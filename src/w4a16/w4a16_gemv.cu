@@ -1,35 +1,35 @@
-// The decode W4A16 kernel (strategy `gemv`, sm_90): y[M, N] = x[M, K] *
+// The decode W4A16 kernel (strategy `gemv`, sm_90a): y[M, N] = x[M, K] *
 // dequant(W) for passes of up to 8 rows of x, as one continuous weight stream
 // per CTA.
 //
 // Why it exists: at decode (M = 1 .. 8) the GEMM is a weight stream and
-// nothing else; the wgmma kernel reached 58-70% of the copy bandwidth there
-// because (Nsight Compute, docs/w4a16-gemm.md) it is latency-bound: each CTA
-// fills a 3-deep pipeline for a short K range, waits for every wgmma batch
-// before it dequantizes the next, and a grid of 1000+ CTAs runs in 2-3 partial
-// waves. Here:
-//   - The grid is persistent: one wave of resident CTAs, and the flattened
-//     work (128-column tiles x 64-row k-iterations, "units", tile-major) is
-//     cut into equal contiguous ranges, one per CTA (stream-K). No CTA waits
-//     for a later wave, and a CTA's pipeline runs without draining across the
-//     tiles of its range.
+// nothing else; the wgmma kernel reaches 53-71% of the copy bandwidth there
+// (Nsight Compute: latency-bound; each CTA fills a short pipeline for a short
+// K range, and a grid of 1000+ CTAs runs in 2-3 partial waves). Here:
+//   - The grid is persistent: one CTA per SM, and the flattened work
+//     (512-column tiles x 64-row k-iterations, "units", tile-major) is cut
+//     into equal contiguous ranges, one per CTA (stream-K). No CTA waits for a
+//     later wave, and a CTA's pipeline runs without draining across tiles.
 //   - A producer warp keeps kStages units in flight with the copy engine: each
-//     unit is one 4 KB bulk copy of weights (two 64-column blocks of the
-//     tiled layout are contiguous per k-iteration), its scale/zero pairs, and
-//     a TMA load of the 8 x 64 slice of x. Eight consumer warps never issue a
-//     global load in the main loop.
-//   - Consumers use mma.sync (m16n8k16) with the dequantized weights as the A
-//     operand (16 output columns x 16 rows of K; a lane's 16 bytes of the
-//     layout are, after the shared LOP3 dequantization, exactly the A
-//     fragments of four mma) and the rows of x as its n = 8 columns. mma.sync
-//     needs no wait on an asynchronous batch, so a warp hands its slot back as
-//     soon as its four mma are issued.
+//     unit is one 16 KB bulk copy of weights (the 8 blocks of a tile are
+//     contiguous per k-iteration in the layout), its scale/zero pairs, and a
+//     TMA load of x's rows for the 64 k of the unit. The consumer warps never
+//     issue a global load in the main loop.
+//   - Consumers use mma.sync (m16n8k16) with the weight codes as the A
+//     operand (16 output columns x 16 rows of K: a lane's 16 bytes of the
+//     layout are the A fragments of four mma) and the rows of x as its n = 8
+//     columns, with deferred dequantization (below): no wait on an
+//     asynchronous batch, so a warp hands its slot back as soon as it is done.
 //   - A tile cut by a range boundary is finished by the last of its CTAs to
 //     arrive (a counter per tile), which sums the others' fp32 partials in CTA
 //     order: the result does not depend on timing (bitwise reproducible).
 //   - Launched with programmatic dependent launch (lowbit/cuda/pdl.cuh): the
 //     first units' weights are requested before waiting for the previous
 //     kernel; x, y and the workspace only after.
+// Measured on the H100 (docs/w4a16-gemm.md, "v6"): correct, as fast as wgmma
+// on the widest layers and slower on the others (geomean 1.71x cuBLAS at
+// M = 1 against wgmma's 2.2x), although its copies alone stream at 2.6 TB/s
+// (bench_hbm_stream): `auto` does not choose it.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
