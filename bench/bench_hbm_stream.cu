@@ -24,6 +24,7 @@
 #include "lowbit/bench/json_rows.h"
 #include "lowbit/core/error.h"
 #include "lowbit/core/tensor.h"
+#include "lowbit/cuda/async_copy.cuh"
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/device.h"
 #include "lowbit/cuda/timer.h"
@@ -36,35 +37,6 @@ using lowbit::Device;
 constexpr size_t kStreamBytes = size_t{134} << 20;
 constexpr int kTiles = 32;  // 512-column tiles of a 16384-column layer (a kernel argument)
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-__device__ __forceinline__ uint32_t shared_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void barrier_init(uint64_t* b, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(b)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void barrier_wait(uint64_t* b, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred p;\nWAIT:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@p bra DONE;\nbra WAIT;\n"
-      "DONE:\n}\n" ::"r"(shared_address(b)),
-      "r"(parity)
-      : "memory");
-}
-__device__ __forceinline__ void barrier_arrive(uint64_t* b) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(shared_address(b)) : "memory");
-}
-__device__ __forceinline__ void barrier_expect(uint64_t* b, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(shared_address(b)), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* b) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-          shared_address(dst)),
-      "l"(src), "r"(bytes), "r"(shared_address(b))
-      : "memory");
-}
-#endif
 
 constexpr int kSideBytes = 3072;  // the gemv kernel's per-stage extras: 2 KB of scales + 1 KB of x
 constexpr size_t kSideSpan = size_t{32} << 20;  // the extras' source buffer
@@ -82,21 +54,21 @@ __global__ void __launch_bounds__(288) bulk_stream_kernel(const char* src, size_
   const int n = static_cast<int>(end - begin);
   const size_t iters = chunks / tiles;
   if (tid == 0)
-    for (int s = 0; s < kStages; ++s) barrier_init(&full[s], 1), barrier_init(&empty[s], 8);
+    for (int s = 0; s < kStages; ++s) lowbit::cuda::mbar_init(&full[s], 1), lowbit::cuda::mbar_init(&empty[s], 8);
   __syncthreads();
   if (warp == 8) {  // producer
     if (lane != 0) return;
     for (int i = 0; i < n; ++i) {
       const int s = i % kStages;
       const size_t u = begin + i, chunk = tiled ? (u % iters) * tiles + u / iters : u;
-      if (i >= kStages) barrier_wait(&empty[s], ((i / kStages) + 1) & 1);
-      barrier_expect(&full[s], kChunk + (side ? kSideBytes : 0));
-      bulk_copy(ring + s * kChunk, src + chunk * kChunk, kChunk, &full[s]);
+      if (i >= kStages) lowbit::cuda::mbar_wait(&empty[s], ((i / kStages) + 1) & 1);
+      lowbit::cuda::mbar_arrive_expect_tx(&full[s], kChunk + (side ? kSideBytes : 0));
+      lowbit::cuda::bulk_load(ring + s * kChunk, src + chunk * kChunk, kChunk, &full[s]);
       if (side) {
         char* extra = ring + kStages * kChunk + s * kSideBytes;
         // Scales: a 2 KB row per (group of 2 k-iterations, tile); x: 1 KB per k-iteration (mostly L2 hits).
-        bulk_copy(extra, side_src + ((u % iters) / 2 * tiles + u / iters) * 2048 % kSideSpan, 2048, &full[s]);
-        bulk_copy(extra + 2048, side_src + (u % iters) * 1024 % (size_t{1} << 20), 1024, &full[s]);
+        lowbit::cuda::bulk_load(extra, side_src + ((u % iters) / 2 * tiles + u / iters) * 2048 % kSideSpan, 2048, &full[s]);
+        lowbit::cuda::bulk_load(extra + 2048, side_src + (u % iters) * 1024 % (size_t{1} << 20), 1024, &full[s]);
       }
     }
     return;
@@ -104,10 +76,10 @@ __global__ void __launch_bounds__(288) bulk_stream_kernel(const char* src, size_
   uint32_t acc = 0;
   for (int i = 0; i < n; ++i) {
     const int s = i % kStages;
-    barrier_wait(&full[s], (i / kStages) & 1);
+    lowbit::cuda::mbar_wait(&full[s], (i / kStages) & 1);
     acc ^= reinterpret_cast<const uint32_t*>(ring + s * kChunk)[tid];
     __syncwarp();
-    if (lane == 0) barrier_arrive(&empty[s]);
+    if (lane == 0) lowbit::cuda::mbar_arrive(&empty[s]);
   }
   if (acc == 0x9E3779B9u) atomicAdd(sink, 1u);  // keeps the reads
 #else

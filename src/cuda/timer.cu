@@ -32,10 +32,8 @@ class EventPairs {
   std::vector<cudaEvent_t> start_, stop_;
 };
 
-}  // namespace
-
 // Reads every 16 bytes of the buffer once; the xor keeps the loads alive.
-__global__ void read_flush_kernel(const uint4* p, size_t n, unsigned* sink) {
+__global__ void read_buffer_kernel(const uint4* p, size_t n, unsigned* sink) {
   uint32_t acc = 0;
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
@@ -43,6 +41,13 @@ __global__ void read_flush_kernel(const uint4* p, size_t n, unsigned* sink) {
     acc ^= v.x ^ v.y ^ v.z ^ v.w;
   }
   if (acc == 0x9E3779B9u) atomicAdd(sink, 1u);
+}
+
+}  // namespace
+
+void read_device_buffer(const void* data, size_t bytes, unsigned* sink, cudaStream_t stream) {
+  read_buffer_kernel<<<1024, 256, 0, stream>>>(static_cast<const uint4*>(data), bytes / 16, sink);
+  LOWBIT_CUDA_CHECK_LAUNCH();
 }
 
 size_t l2_flush_bytes() {
@@ -93,9 +98,7 @@ bench::TimingStats time_cuda(const std::function<void(cudaStream_t)>& launch,
   EventPairs events(options.reps);
   for (int i = 0; i < options.reps; ++i) {
     if (options.flush_l2 && options.flush_by_reading) {
-      read_flush_kernel<<<1024, 256, 0, stream>>>(static_cast<const uint4*>(flush.data()), flush.size() / 16,
-                                                  static_cast<unsigned*>(sink.data()));
-      LOWBIT_CUDA_CHECK_LAUNCH();
+      read_device_buffer(flush.data(), flush.size(), static_cast<unsigned*>(sink.data()), stream);
     } else if (options.flush_l2) {
       LOWBIT_CUDA_CHECK(cudaMemsetAsync(flush.data(), i & 0xFF, flush.size(), stream));
     }

@@ -181,4 +181,21 @@ template <typename T> __device__ __forceinline__ T from_float(float v);
 template <> __device__ __forceinline__ half from_float<half>(float v) { return __float2half_rn(v); }
 template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
+// The split-K sums: element-wise float4 accumulation, and a store of four
+// consecutive outputs of a row that stops at column n (y_row points at the
+// row's column 0).
+__device__ __forceinline__ void add_to(float4& sum, const float4& p) {
+  sum.x += p.x;
+  sum.y += p.y;
+  sum.z += p.z;
+  sum.w += p.w;
+}
+template <typename T>
+__device__ __forceinline__ void store_quad(T* y_row, int col, int n, const float4& v) {
+  const float out[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int e = 0; e < 4; ++e)
+    if (col + e < n) y_row[col + e] = from_float<T>(out[e]);
+}
+
 }  // namespace lowbit::w4a16_detail

@@ -168,7 +168,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
       }
     };
     auto produce_x = [&](const UnitCursor& c, const SlotCursor& slot) {
-      tma_load_x(stage_x(slot.slot), &x_map, c.it * 64, m0, &full[slot.slot]);
+      tma_load_2d(stage_x(slot.slot), &x_map, c.it * 64, m0, &full[slot.slot]);
     };
     // Weights, which no kernel writes, go out before the wait for the
     // previous kernel (programmatic dependent launch); x only after it.
@@ -355,18 +355,9 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
           const int r = q / (kTileCols / 4), col = (q % (kTileCols / 4)) * 4;
           float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 4
-          for (int c = first_cta; c <= last_cta_index; ++c) {
-            const float4 p = __ldcg(reinterpret_cast<const float4*>(partial_of(c, tile) + r * kTileCols + col));
-            sum.x += p.x;
-            sum.y += p.y;
-            sum.z += p.z;
-            sum.w += p.w;
-          }
-          const float out[4] = {sum.x, sum.y, sum.z, sum.w};
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            if (tile_col + col + e < args.N)
-              y[static_cast<int64_t>(m0 + r) * args.ldy + tile_col + col + e] = from_float<T>(out[e]);
+          for (int c = first_cta; c <= last_cta_index; ++c)
+            add_to(sum, __ldcg(reinterpret_cast<const float4*>(partial_of(c, tile) + r * kTileCols + col)));
+          store_quad(y + static_cast<int64_t>(m0 + r) * args.ldy, tile_col + col, args.N, sum);
         }
         if (tid == 0) *counter = 0;  // ready for the next call
       }

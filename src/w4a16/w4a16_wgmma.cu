@@ -187,7 +187,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>)
   };
   auto produce_x = [&](int i) {
     const int s = i % kStages;
-    tma_load_x(stage_x(s), &x_map, (it_begin + i) * 64, m0, &full[s]);
+    tma_load_2d(stage_x(s), &x_map, (it_begin + i) * 64, m0, &full[s]);
   };
   auto produce = [&](int i) {
     produce_weights(i);
@@ -320,17 +320,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>)
     if (tid < quads) {
       const int row = m0 + tid / 32, col = blockIdx.y * 128 + (tid % 32) * 4;
       float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      for (int sp = 0; sp < args.split_k; ++sp) {
-        const float4 p = staged[sp * quads + tid];
-        sum.x += p.x;
-        sum.y += p.y;
-        sum.z += p.z;
-        sum.w += p.w;
-      }
-      const float out[4] = {sum.x, sum.y, sum.z, sum.w};
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        if (col + e < args.N) y[static_cast<int64_t>(row) * args.ldy + col + e] = from_float<T>(out[e]);
+      for (int sp = 0; sp < args.split_k; ++sp) add_to(sum, staged[sp * quads + tid]);
+      store_quad(y + static_cast<int64_t>(row) * args.ldy, col, args.N, sum);
     }
     if (tid == 0) *counter = 0;
     return;
@@ -344,24 +335,15 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>)
       for (int u = 0; u < 4; ++u) {
         const int q = base + u * kThreads;
         const int row = m0 + q / 32, col = blockIdx.y * 128 + (q % 32) * 4;
-        if (q < quads && col < args.N_pad) {
-          const float4 v = __ldcg(reinterpret_cast<const float4*>(
-              args.partial + sp * split_stride + static_cast<int64_t>(row) * args.N_pad + col));
-          sum[u].x += v.x;
-          sum[u].y += v.y;
-          sum[u].z += v.z;
-          sum[u].w += v.w;
-        }
+        if (q < quads && col < args.N_pad)
+          add_to(sum[u], __ldcg(reinterpret_cast<const float4*>(args.partial + sp * split_stride +
+                                                                static_cast<int64_t>(row) * args.N_pad + col)));
       }
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       const int q = base + u * kThreads;
       const int row = m0 + q / 32, col = blockIdx.y * 128 + (q % 32) * 4;
-      if (q >= quads) continue;
-      const float v[4] = {sum[u].x, sum[u].y, sum[u].z, sum[u].w};
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        if (col + e < args.N) y[static_cast<int64_t>(row) * args.ldy + col + e] = from_float<T>(v[e]);
+      if (q < quads) store_quad(y + static_cast<int64_t>(row) * args.ldy, col, args.N, sum[u]);
     }
   }
   if (tid == 0) *counter = 0;  // ready for the next call

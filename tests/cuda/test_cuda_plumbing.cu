@@ -191,17 +191,6 @@ TEST(CudaTimer, SpinKernelTimedWithinTolerance) {
   EXPECT_LE(t.median_us, t.p90_us);
 }
 
-// Reads n 16-byte words (the xor keeps the loads).
-__global__ void read_words_kernel(const uint4* p, size_t n, unsigned* sink) {
-  uint32_t acc = 0;
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const uint4 v = p[i];
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x9E3779B9u) atomicAdd(sink, 1u);
-}
-
 // Both ways of evicting L2 evict it: a 24 MB read (it fits in the H100's
 // 50 MB L2) is slower after either flush than when it stays cached.
 TEST(CudaTimer, BothFlushModesEvictL2) {
@@ -210,8 +199,7 @@ TEST(CudaTimer, BothFlushModesEvictL2) {
   Buffer data(bytes, Device::cuda, 0), sink(sizeof(unsigned), Device::cuda, 0);
   LOWBIT_CUDA_CHECK(cudaMemset(data.data(), 1, bytes));
   auto read = [&](cudaStream_t s) {
-    read_words_kernel<<<1024, 256, 0, s>>>(static_cast<const uint4*>(data.data()), bytes / 16,
-                                           static_cast<unsigned*>(sink.data()));
+    cuda::read_device_buffer(data.data(), bytes, static_cast<unsigned*>(sink.data()), s);
   };
   auto median = [&](bool flush, bool by_reading) {
     cuda::CudaTimerOptions o;

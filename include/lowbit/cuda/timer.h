@@ -37,6 +37,13 @@ struct CudaTimerOptions {
 bench::TimingStats time_cuda(const std::function<void(cudaStream_t)>& launch,
                              const CudaTimerOptions& options = {});
 
+// Enqueues a kernel on `stream` that reads every byte of the device buffer
+// [data, data + bytes) once (bytes a multiple of 16, data 16-byte aligned)
+// and writes nothing but, on a value it never meets in practice, one counter
+// in `sink`: how the timer evicts L2 with clean lines, and a known read load
+// for tests.
+void read_device_buffer(const void* data, size_t bytes, unsigned* sink, cudaStream_t stream);
+
 // Bytes of the buffer written (or read) before each timed call to evict L2 on
 // the current device: max(2 x L2 size, 256 MiB).
 size_t l2_flush_bytes();
