@@ -125,10 +125,10 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int n_blocks = args.N_pad / 64, n_tiles = (n_blocks + kBlocksPerTile - 1) / kBlocksPerTile;
   const int64_t units = static_cast<int64_t>(n_tiles) * args.iters, ctas = gridDim.x;
-  // (Ordering the ranges so that CTAs running together read the same
-  // k-iterations, split-K style, measured the same on the H100.)
-  const int64_t v = blockIdx.x;
-  const int64_t u_begin = range_begin(v, units, ctas), u_end = range_begin(v + 1, units, ctas);
+  // CTA c takes range c. (Ordering the ranges so that CTAs running together
+  // read the same k-iterations, split-K style, measured the same on the H100.)
+  const int64_t cta = blockIdx.x;
+  const int64_t u_begin = range_begin(cta, units, ctas), u_end = range_begin(cta + 1, units, ctas);
   const int n = static_cast<int>(u_end - u_begin);
   const bool one_group = args.group_shift < 0 || args.group_shift >= 6;  // rows k0 and k0+32 share scales
   const uint32_t x_bytes = x_box_rows(args.M) * 128;
@@ -339,7 +339,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
         const int slot_index = range_begin(c, units, ctas) / args.iters == tile_index ? 0 : 1;
         return args.partial + (c * 2 + slot_index) * (kGemvRowsPerPass * kTileCols);
       };
-      float* mine = partial_of(v, tile);
+      float* mine = partial_of(cta, tile);
       for_each_acc([&](int r, int col, float v_out) { __stcg(mine + r * kTileCols + col, v_out); });
       __threadfence();  // this thread's partials are visible device-wide before the count
       consumer_sync();
