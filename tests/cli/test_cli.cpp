@@ -87,6 +87,19 @@ TEST(Cli, UsageErrorsExitTwo) {
   EXPECT_EQ(run_lowbit("quantize " + (tmp.path() / "in").string() + " x --format marlin").exit_code, 2);
 }
 
+// bench gemm's options are checked before anything needs a GPU: its help
+// names every strategy and the L2 eviction modes, and a bad mode is a usage
+// error that names the value.
+TEST(Cli, BenchGemmOptions) {
+  const RunResult help = run_lowbit("bench gemm --help");
+  EXPECT_EQ(help.exit_code, 0) << help.output;
+  for (const char* word : {"--l2-flush", "write", "read", "gemv", "wgmma", "--gemv-splits"})
+    EXPECT_NE(help.output.find(word), std::string::npos) << word << "\n" << help.output;
+  const RunResult bad = run_lowbit("bench gemm --l2-flush sideways");
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("sideways"), std::string::npos) << bad.output;
+}
+
 TEST(Cli, VersionAndEnv) {
   const RunResult version = run_lowbit("--version");
   EXPECT_EQ(version.exit_code, 0);

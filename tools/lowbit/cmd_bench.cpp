@@ -15,10 +15,10 @@ void add_bench_command(CLI::App& app) {
   auto* gemm = bench->add_subcommand(
       "gemm",
       "W4A16 GEMM: every strategy (data_parallel, split_k_atomic, split_k_deterministic, stream_k,\n"
-      "decoupled, wgmma on sm_90a) and auto beside cuBLAS FP16, on the nine anchor layer shapes, random data,\n"
-      "L2 flushed before every timed call, median of the reps. Prints a line per measurement and a\n"
-      "summary: geometric-mean speedup over cuBLAS per M (Marlin's from the anchors beside it) and\n"
-      "the M = 1 bandwidth against the measured copy bandwidth.");
+      "decoupled, wgmma and gemv on sm_90a) and auto beside cuBLAS FP16, on the nine anchor layer shapes,\n"
+      "random data, L2 evicted before every timed call (--l2-flush), median of the reps. Prints a line per\n"
+      "measurement and a summary: geometric-mean speedup over cuBLAS per M (Marlin's from the anchors\n"
+      "beside it) and the M = 1 bandwidth against the measured copy bandwidth.");
   static W4A16BenchOptions options;
   static std::string dtype = "f16";
   static std::string l2_flush = "write";
