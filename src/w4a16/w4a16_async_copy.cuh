@@ -21,7 +21,7 @@ namespace lowbit::w4a16_detail {
 // The tensor map of x for one call: [M rows, K columns] of 16-bit values,
 // row pitch ldx, box 64 columns (128 bytes: the swizzle span) x `rows`,
 // stored in shared memory with the 128-byte swizzle (16-byte chunk c of row r
-// at chunk c ^ (r % 8)); rows past M and columns past K arrive as zeros.
+// at chunk c ^ (r % 8)); box rows past M and columns past K arrive as zeros.
 CUtensorMap encode_x_tensor_map(const TiledGemmArgs& a, int rows, bool bf16);
 
 // The copy-engine primitives (lowbit/cuda/async_copy.cuh) under the names

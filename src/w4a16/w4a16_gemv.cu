@@ -58,12 +58,11 @@ constexpr int kThreads = kConsumers + 32;  // + the producer warp
 constexpr int kStages = 10;                // 10 x 16 KB of weights in flight per SM
 constexpr int kMinCtasPerSm = 1;
 
-// Rows of x one TMA load brings: min(M, 8). A box past M would be
-// zero-filled by the copy engine, and loads of mostly out-of-bounds boxes cost
-// the pipeline more than their bytes (a 1-row x in an 8-row box, every
-// stage); the rows of a stage past M are left stale instead, which only
-// reaches output rows that are never stored (an mma's column n of D depends
-// on column n of B alone).
+// Rows of x one TMA load brings: min(M, 8), so the copy engine moves only
+// real rows (a box past M would be zero-filled: 7 of 8 rows at M = 1). The
+// rows of a stage past M are left stale, which only reaches output rows that
+// are never stored (an mma's column n of D depends on column n of B alone).
+// On the H100 this measured the same as full boxes.
 __host__ __device__ constexpr int x_box_rows(int M) { return M < kGemvRowsPerPass ? M : kGemvRowsPerPass; }
 
 struct Smem {
@@ -198,7 +197,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
   // ldmatrix.x4 of x: lane l addresses row l % 8 of matrix l / 8; matrices
   // (k-step 2p, k 0-7), (2p, 8-15), (2p+1, 0-7), (2p+1, 8-15) are 16-byte
   // chunks 4p + l / 8 of the row, stored at chunk ^ row (the swizzle). Rows
-  // past M hold the zeros the copy engine filled in.
+  // past M are stale (x_box_rows): they only reach D columns never stored.
   const int x_row = lane % 8, x_chunk = lane / 8;
   auto strip_of = [&](int m) { return warp + kConsumerWarps * m; };
   auto col0_of = [&](int m) { return strip_of(m) * 16 + g; };  // column within the tile; col1 = col0 + 8
@@ -211,12 +210,13 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
   // with raw the mma sum, S = sum of x and A = the x-side sum the biases met,
   // both per row of x and group, from one more mma per k-step with a 0/1
   // selector as its A operand. This "fold" runs once per group and strip in
-  // fp32, instead of a subtraction and a multiply per pair of weights: the
-  // consumers' instructions per weight byte, which bound this kernel (Nsight
-  // Compute: issue 52% busy and 7 cycles per instruction per warp with the
-  // dequantize-then-multiply loop), drop by about half. Products and sums are
-  // exact up to fp32 rounding (codes and x / 16 are exact 16-bit values), so
-  // this is closer to the fp32 reference than rounding each weight to 16 bits.
+  // fp32, instead of a subtraction and a multiply per pair of weights, which
+  // halves the dequantization's instructions. (Measured on the H100 it did
+  // not change the kernel's time: the consumers' latency, not their
+  // instruction count, is what limits it; docs/w4a16-gemm.md, "v6".) Products
+  // and sums are exact up to fp32 rounding (codes and x / 16 are exact 16-bit
+  // values), so this is closer to the fp32 reference than rounding each
+  // weight to 16 bits.
   constexpr bool kHalf = std::is_same_v<T, half>;
   constexpr float kBias = kCodeBias<T>;
   constexpr float kHiScale = kHalf ? 16.0f : 1.0f;  // S_hi = kHiScale * (what the selector mma sums)
