@@ -207,7 +207,7 @@ void expect_gemv_unsupported() {
   EXPECT_THROW(run_gpu(p, w, ws, {W4A16Strategy::gemv, 0}), Error);
 }
 
-// The gemv strategy (a persistent grid over 128-column x 64-row units):
+// The gemv strategy (a persistent grid over 512-column x 64-row units):
 // every row count of a pass (1..8) and several passes; CTA counts that give
 // one CTA many tiles (1), ranges that cut tiles unevenly (3, 7) and more CTAs
 // than units (200, clamped: tiles shared by many CTAs); tiles of 512 columns
