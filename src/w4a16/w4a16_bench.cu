@@ -69,6 +69,17 @@ void run_w4a16_gemm_benchmark(const W4A16BenchOptions& options) {
                                            W4A16Strategy::stream_k,       W4A16Strategy::decoupled,
                                            W4A16Strategy::gemv};
   if (w4a16_wgmma_available(0)) strategies.push_back(W4A16Strategy::wgmma);
+  if (!options.strategies.empty()) {
+    std::vector<W4A16Strategy> chosen;
+    for (const std::string& name : options.strategies) {
+      const auto s = parse_w4a16_strategy(name);
+      if (!s) fail(ErrorKind::invalid_argument, "bench gemm: unknown strategy '", name, "'");
+      if (std::find(strategies.begin(), strategies.end(), *s) == strategies.end())
+        fail(ErrorKind::invalid_argument, "bench gemm: strategy '", name, "' does not run on this device");
+      if (std::find(chosen.begin(), chosen.end(), *s) == chosen.end()) chosen.push_back(*s);
+    }
+    strategies = chosen;
+  }
   // impl -> M -> sum of log(speedup), count
   std::map<std::string, std::map<int64_t, std::pair<double, int>>> speedups;
   std::vector<std::string> m1_bandwidth;

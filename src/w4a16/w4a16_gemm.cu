@@ -589,9 +589,8 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
     // Without sm_90a: the fused mma.sync kernel up to 64 rows, then the
     // decoupled GEMM (cheaper than re-reading the weights every 64 rows).
     // The H100 measurements behind this: docs/w4a16-gemm.md.
-    // The gemv strategy is not chosen: on the H100 it ties wgmma on the
-    // widest layers at M = 1 and loses on the others (geometric mean 1.71x
-    // vs 2.21x cuBLAS at M = 1, 0.88x vs 2.05x at M = 16; docs/w4a16-gemm.md, "v6").
+    // The gemv strategy is not chosen: on the H100 it beats wgmma only on the
+    // widest layers at M = 1 (docs/w4a16-gemm.md, "v7").
     if (w4a16_wgmma_available(w.device())) {
       plan.strategy = W4A16Strategy::wgmma;
       if (M > 512) {
@@ -607,13 +606,16 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
     }
   }
   if (plan.strategy == W4A16Strategy::gemv) {
-    // split_k is the CTA count of the persistent grid: one wave of resident
-    // CTAs, each streaming an equal share of the units.
+    // split_k is the K split over the CTAs of each 128-column block: between
+    // the least whose share of x fits in shared memory and one k-iteration
+    // per CTA.
     plan.rows_per_pass = w4a16_detail::kGemvRowsPerPass;
-    const int64_t units = w4a16_detail::gemv_units(static_cast<int>(w.N_padded()), iters);
-    int64_t choice = options.split_k;
-    if (choice <= 0) choice = static_cast<int64_t>(w4a16_detail::gemv_ctas_per_sm(bf16)) * sm_count(w.device());
-    plan.split_k = static_cast<int>(std::clamp<int64_t>(choice, 1, units));
+    const int least = w4a16_detail::gemv_min_split(M, iters, w.device());
+    const int choice = options.split_k > 0
+                           ? options.split_k
+                           : w4a16_detail::gemv_choose_split(M, static_cast<int>(w.N_padded()), iters,
+                                                             w.group_size() == 32, w.device());
+    plan.split_k = std::clamp(choice, least, std::max(least, iters));
     return plan;
   }
   if (plan.strategy == W4A16Strategy::wgmma) {
@@ -771,17 +773,16 @@ void w4a16_gemm(const TensorView& x, const W4A16Weights& w, const TensorView& y,
   }
 
   if (plan.strategy == W4A16Strategy::gemv) {
-    if (!w4a16_wgmma_available(w.device()))
-      fail(ErrorKind::unsupported, "W4A16 strategy 'gemv' needs a compute capability 9.0 device and a build for "
-                                   "sm_90a (CMAKE_CUDA_ARCHITECTURES with 90a)");
     w4a16_detail::TiledGemmArgs a = tiled_args(xin, ldx, w, y, M, iters, group_shift, plan.split_k);
-    // Slot 2: two partial tiles per CTA; slot 3: one counter per column tile (kept zero).
-    a.partial = static_cast<float*>(workspace.scratch(
-        2, w4a16_detail::gemv_partial_floats(plan.split_k) * sizeof(float), false, w.device(), stream));
-    a.counters = static_cast<int*>(
-        workspace.scratch(3, static_cast<size_t>(w4a16_detail::gemv_tiles(static_cast<int>(w.N_padded()))) * sizeof(int),
-                          true, w.device(), stream));
-    w4a16_detail::launch_gemv(a, bf16, w.float_zero(), stream);
+    if (plan.split_k > 1) {
+      // Slot 2: the partials of every split; slot 3: one counter per column block (kept zero).
+      const int N_pad = static_cast<int>(w.N_padded());
+      a.partial = static_cast<float*>(workspace.scratch(
+          2, w4a16_detail::gemv_partial_floats(plan.split_k, N_pad) * sizeof(float), false, w.device(), stream));
+      a.counters = static_cast<int*>(workspace.scratch(
+          3, static_cast<size_t>(w4a16_detail::gemv_col_blocks(N_pad)) * sizeof(int), true, w.device(), stream));
+    }
+    w4a16_detail::launch_gemv(a, bf16, w.float_zero(), w.device(), stream);
     return;
   }
 

@@ -1,429 +1,424 @@
-// The decode W4A16 kernel (strategy `gemv`, sm_90a): y[M, N] = x[M, K] *
-// dequant(W) for passes of up to 8 rows of x, as one continuous weight stream
-// per CTA.
+// The decode W4A16 kernel (strategy `gemv`, sm_80 and later): y[M, N] =
+// x[M, K] * dequant(W) for passes of up to 8 rows of x.
 //
-// Why it exists: at decode (M = 1 .. 8) the GEMM is a weight stream and
-// nothing else; the wgmma kernel reaches 53-71% of the copy bandwidth there
-// (Nsight Compute: latency-bound; each CTA fills a short pipeline for a short
-// K range, and a grid of 1000+ CTAs runs in 2-3 partial waves). Here:
-//   - The grid is persistent: one CTA per SM, and the flattened work
-//     (512-column tiles x 64-row k-iterations, "units", tile-major) is cut
-//     into equal contiguous ranges, one per CTA (stream-K). No CTA waits for a
-//     later wave, and a CTA's pipeline runs without draining across tiles.
-//   - A producer warp keeps kStages units in flight with the copy engine: each
-//     unit is one 16 KB bulk copy of weights (the 8 blocks of a tile are
-//     contiguous per k-iteration in the layout), its scale/zero pairs, and a
-//     TMA load of x's rows for the 64 k of the unit. The consumer warps never
-//     issue a global load in the main loop.
-//   - Consumers use mma.sync (m16n8k16) with the weight codes as the A
-//     operand (16 output columns x 16 rows of K: a lane's 16 bytes of the
-//     layout are the A fragments of four mma) and the rows of x as its n = 8
-//     columns, with deferred dequantization (below): no wait on an
-//     asynchronous batch, so a warp hands its slot back as soon as it is done.
-//   - A tile cut by a range boundary is finished by the last of its CTAs to
-//     arrive (a counter per tile), which sums the others' fp32 partials in CTA
-//     order: the result does not depend on timing (bitwise reproducible).
+// At decode the GEMM is a stream of weights and nothing else, so the kernel
+// is built around keeping HBM busy with the fewest instructions per byte:
+//   - Each thread streams its own 16 bytes per 64-row k-iteration (one
+//     column strip of the tiled layout per warp) through a private ring of
+//     kDepth stages in shared memory, filled with cp.async. A thread only
+//     ever reads back what it copied itself, so the ring needs no barrier
+//     and no mbarrier: `cp.async.wait_group` per thread is the whole
+//     protocol. The ring holds the bytes in flight (5 CTAs x 256 threads x
+//     6 stages x 16 B = 120 KB per SM), which registers could not: a register
+//     ring of the same depth spilled.
+//   - The codes go into mma.m16n8k16 as the A operand (16 output columns x
+//     16 rows of K; a lane's 16 bytes are the A fragments of four mma) with
+//     the rows of x as its n = 8 columns, raw: one LOP3 turns a register
+//     pair into 1024 + q (fp16; 1024 + 16q for the codes in bits 4..7, which
+//     meet x / 16) or 128 + q (bf16). Scale and zero point are applied once
+//     per 64 rows and column, in fp32, from per-row sums of x computed when x
+//     is staged: y += s * (dot - bias * S') + offset * X. No per-weight
+//     subtraction or multiply, and no 16-bit rounding of the weights.
+//   - x is staged once per CTA for its K range, already in the fragment
+//     order (two 16-byte shared loads per lane and iteration).
+//   - K is split over the CTAs of a column block; the last CTA of a block (a
+//     counter per block) loads every partial at once and sums them in split
+//     order: the result is bitwise reproducible. (Summing through a thread
+//     block cluster's distributed shared memory instead, for splits up to 8,
+//     measured the same or up to 23% slower on the H100: cluster launches
+//     constrain where CTAs run.)
 //   - Launched with programmatic dependent launch (lowbit/cuda/pdl.cuh): the
-//     first units' weights are requested before waiting for the previous
-//     kernel; x, y and the workspace only after.
-// Measured on the H100 (docs/w4a16-gemm.md, "v6"): correct, as fast as wgmma
-// on the widest layers and slower on the others (geomean 1.71x cuBLAS at
-// M = 1 against wgmma's 2.2x), although its copies alone stream at 2.6 TB/s
-// (bench_hbm_stream): `auto` does not choose it.
+//     first stages' weights and scales are requested before waiting for the
+//     previous kernel; x, y and the workspace only after.
+// Measured on the H100 (docs/w4a16-gemm.md, "v7"): at M = 1 it beats the
+// wgmma kernel on the widest layers (llama70-gateup 111 vs 117 us: 2.2 TB/s)
+// and loses on the others (geometric mean 2.04x cuBLAS against 2.25x); from
+// M = 4 its per-row fold and x staging cost more than wgmma's 16-row tile.
+// It replaced a bulk-copy stream-K kernel (1.71x at M = 1), runs on sm_80,
+// and `auto` does not choose it.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <type_traits>
 
 #include "lowbit/core/error.h"
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/pdl.cuh"
-#include "w4a16_async_copy.cuh"
 #include "w4a16_device.cuh"
 #include "w4a16_gemv.h"
 
 namespace lowbit::w4a16_detail {
 namespace {
 
-// A tile is 512 columns = 8 blocks of the layout: at one k-iteration they
-// are 16 KB of contiguous weights, one bulk copy (the cuBLAS FP16 kernel that
-// reaches 90% of HBM bandwidth at M = 1 on the H100 moves 16 KB tiles through
-// 12 stages; 4 KB copies, 2-3 CTAs per SM and 8-12 stages reached only
-// 1.6-1.8 TB/s here).
-constexpr int kBlocksPerTile = 8;
-constexpr int kTileCols = kBlocksPerTile * 64;
-constexpr int kConsumerWarps = 16;
-constexpr int kConsumers = kConsumerWarps * 32;
-constexpr int kThreads = kConsumers + 32;  // + the producer warp
-constexpr int kStages = 10;                // 10 x 16 KB of weights in flight per SM
-constexpr int kMinCtasPerSm = 1;
+constexpr int kWarps = 8;  // column strips (16 columns) per CTA
+constexpr int kThreads = kWarps * 32;
+constexpr int kDepth = 6;  // k-iterations in flight per thread
+constexpr int kMinCtasPerSm = 5;
 
-// Rows of x one TMA load brings: min(M, 8), so the copy engine moves only
-// real rows (a box past M would be zero-filled: 7 of 8 rows at M = 1). The
-// rows of a stage past M are left stale, which only reaches output rows that
-// are never stored (an mma's column n of D depends on column n of B alone).
-// On the H100 this measured the same as full boxes.
-__host__ __device__ constexpr int x_box_rows(int M) { return M < kGemvRowsPerPass ? M : kGemvRowsPerPass; }
-
-struct Smem {
-  static constexpr int kXBytes = kGemvRowsPerPass * 128;  // 8 rows x 64 halves, 128-byte swizzle
-  static constexpr int kWBytes = kBlocksPerTile * 128 * 16;
-  static constexpr int kSzBytes = 2 * kTileCols * 4;  // scale/zero of rows k0 and k0 + 32
-  static constexpr int kStageBytes = kXBytes + kWBytes + kSzBytes;
-  static_assert(kStageBytes % 1024 == 0, "x slices must stay 1024-byte aligned (the swizzle atom)");
-  static constexpr int kBytes = kStages * kStageBytes + 1024;  // + slack to align the base
+// Shared memory of a CTA: the per-thread rings, then x staged in fragment
+// order ([row][iteration][t][16 halves]), then per row and iteration the sums
+// (S' and X of rows k0..k0+31, then of k0+32..k0+63) the fold needs.
+struct GemvSmem {
+  int scale_words;  // 2 (one group per iteration) or 4 (group 32: two)
+  int rows, range;  // rows of x in the pass, k-iterations of the longest range
+  __host__ __device__ int ring_codes_bytes() const { return kDepth * kThreads * 16; }
+  __host__ __device__ int ring_scales_bytes() const { return kDepth * kThreads * 4 * scale_words; }
+  __host__ __device__ int x_offset() const { return ring_codes_bytes() + ring_scales_bytes(); }
+  __host__ __device__ int sums_offset() const { return x_offset() + rows * range * 128; }
+  __host__ __device__ int bytes() const { return sums_offset() + rows * range * 16; }
 };
 
-// The device helpers exist only where the kernel body does (an sm_80 pass
-// would warn that they are never referenced).
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-
-constexpr int kConsumerBarrier = 1;  // named barrier of the consumer warps (0 is __syncthreads)
-constexpr int kStripsPerWarp = kBlocksPerTile * 4 / kConsumerWarps;  // 16-column strips
-
-// Units [begin(c), begin(c + 1)) belong to CTA c of `ctas`.
-__device__ inline int64_t range_begin(int64_t c, int64_t units, int64_t ctas) { return c * units / ctas; }
-// The CTA whose range holds unit u: the largest c with range_begin(c) <= u.
-__device__ inline int owner_of(int64_t u, int64_t units, int64_t ctas) {
-  return static_cast<int>(((u + 1) * ctas - 1) / units);
+// Weights are read exactly once: cp.async.cg bypasses L1.
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_address(dst)), "l"(src));
 }
 
-// The (tile, k-iteration) of a unit, stepped without dividing.
-struct UnitCursor {
-  int tile, it;
-  __device__ UnitCursor(int64_t u, int iters) : tile(static_cast<int>(u / iters)), it(static_cast<int>(u % iters)) {}
-  __device__ void next(int iters) {
-    if (++it == iters) it = 0, ++tile;
-  }
-};
-
-// A slot of the ring and the parity of its current use.
-struct SlotCursor {
-  int slot = 0;
-  uint32_t phase = 0;
-  __device__ void next() {
-    if (++slot == kStages) slot = 0, phase ^= 1;
-  }
-};
-
-__device__ __forceinline__ void consumer_sync() {
-  asm volatile("bar.sync %0, %1;\n" ::"n"(kConsumerBarrier), "n"(kConsumers) : "memory");
+template <typename T>
+__device__ __forceinline__ uint32_t scale_pair_by_16th(uint32_t v) {
+  using V = typename Vec2<T>::type;
+  if constexpr (std::is_same_v<T, half>) return as_u32(__hmul2(from_u32<V>(v), __float2half2_rn(0.0625f)));
+  else return v;  // bf16 codes all carry 128 + q: x is used as is
+}
+template <typename T>
+__device__ __forceinline__ float2 pair_to_float2(uint32_t v) {
+  if constexpr (std::is_same_v<T, half>) return __half22float2(from_u32<half2>(v));
+  else return __bfloat1622float2(from_u32<__nv_bfloat162>(v));
 }
 
-#endif  // !__CUDA_ARCH__ || __CUDA_ARCH__ >= 900
-
-template <typename T, bool kFloatZero>
+template <typename T, bool kFloatZero, bool kTwoGroups>
 __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
-    w4a16_gemv_kernel(const __grid_constant__ CUtensorMap x_map, const GemvArgs args, const int m0) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  extern __shared__ unsigned char smem_raw[];
-  __shared__ uint64_t full[kStages], empty[kStages];  // per slot: bytes landed / consumers done reading
+    w4a16_gemv_kernel(const GemvArgs args, const int m0, const int range_max) {
+  extern __shared__ __align__(16) unsigned char smem[];
   __shared__ int last_cta;
-  unsigned char* smem = smem_raw + ((1024 - (smem_address(smem_raw) & 1023)) & 1023);
+  constexpr int kScaleWords = kTwoGroups ? 4 : 2;
+  const GemvSmem layout{kScaleWords, min(kGemvRowsPerPass, args.M - m0), range_max};
+  const int rows = layout.rows;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int g = lane / 4, t = lane % 4;
+  const int strips = args.N_pad / 16;
+  const int strip_raw = blockIdx.x * kWarps + warp;
+  const int strip = min(strip_raw, strips - 1);  // warps past N compute on the last strip and store nothing
+  const int split = blockIdx.y;
+  const int i0 = static_cast<int>(static_cast<int64_t>(split) * args.iters / args.split_k);
+  const int i1 = static_cast<int>(static_cast<int64_t>(split + 1) * args.iters / args.split_k);
+  const int col0 = strip * 16 + g, col1 = col0 + 8;  // this lane's two output columns
 
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int n_blocks = args.N_pad / 64, n_tiles = (n_blocks + kBlocksPerTile - 1) / kBlocksPerTile;
-  const int64_t units = static_cast<int64_t>(n_tiles) * args.iters, ctas = gridDim.x;
-  // CTA c takes range c. (Ordering the ranges so that CTAs running together
-  // read the same k-iterations, split-K style, measured the same on the H100.)
-  const int64_t cta = blockIdx.x;
-  const int64_t u_begin = range_begin(cta, units, ctas), u_end = range_begin(cta + 1, units, ctas);
-  const int n = static_cast<int>(u_end - u_begin);
-  const bool one_group = args.group_shift < 0 || args.group_shift >= 6;  // rows k0 and k0+32 share scales
-  const uint32_t x_bytes = x_box_rows(args.M) * 128;
+  uint4* ring_codes = reinterpret_cast<uint4*>(smem);
+  uint32_t* ring_scales = reinterpret_cast<uint32_t*>(smem + layout.ring_codes_bytes());
+  uint32_t* xs = reinterpret_cast<uint32_t*>(smem + layout.x_offset());
+  float4* sums = reinterpret_cast<float4*>(smem + layout.sums_offset());
 
-  auto stage_x = [&](int s) { return smem + s * Smem::kStageBytes; };
-  auto stage_w = [&](int s) { return reinterpret_cast<uint4*>(smem + s * Smem::kStageBytes + Smem::kXBytes); };
-  auto stage_sz = [&](int s) {
-    return reinterpret_cast<uint32_t*>(smem + s * Smem::kStageBytes + Smem::kXBytes + Smem::kWBytes);
-  };
-
-  if (tid == 0)
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(&full[s], 1);                // the producer's arrive + the stage's transaction bytes
-      mbar_init(&empty[s], kConsumerWarps);  // one arrive per consumer warp and use
+  // One k-iteration into ring slot `slot`: 16 bytes of codes and the
+  // scale/zero words of the lane's two columns (for group 32: of rows k0 and
+  // k0 + 32).
+  const uint4* codes = args.qweight + static_cast<int64_t>(strip) * 32 + lane;
+  const int64_t iter_stride = static_cast<int64_t>(strips) * 32;
+  auto issue = [&](int it, int slot) {
+    cp_async16(ring_codes + slot * kThreads + tid, codes + it * iter_stride, 16);
+    const int k0 = it * 64;
+    const uint32_t* sz = args.scale_zero + static_cast<int64_t>(args.group_shift < 0 ? 0 : k0 >> args.group_shift) *
+                                               args.N_pad;
+    uint32_t* dst = ring_scales + (slot * kThreads + tid) * kScaleWords;
+    cp_async4(dst, sz + col0);
+    cp_async4(dst + 1, sz + col1);
+    if constexpr (kTwoGroups) {
+      cp_async4(dst + 2, sz + args.N_pad + col0);
+      cp_async4(dst + 3, sz + args.N_pad + col1);
     }
+  };
+#pragma unroll
+  for (int u = 0; u < kDepth - 1; ++u) {
+    if (i0 + u < i1) issue(i0 + u, u);
+    cp_async_commit();
+  }
+
+  // Everything above read only weights, which no kernel writes.
+  cuda::pdl_wait();
+
+  // Stage x[m0 .. m0+rows, 64*i0 .. 64*i1) in fragment order: for lane t and
+  // k-step j of an iteration, the pairs (k, k+1) and (k+8, k+9) with
+  // k = 16j + 2t; the second pair scaled by 1/16 for fp16 (it meets the codes
+  // stored as 1024 + 16q). A chunk is 8 consecutive k (half a k-step), so the
+  // 8 chunks of one (row, iteration) are 8 neighbouring lanes, which then
+  // sum them for the fold.
+  {
+    const int R = i1 - i0, chunks = rows * R * 8;
+    for (int base = 0; base < chunks; base += kThreads) {
+      const int c = base + tid;
+      const bool valid = c < chunks;
+      const int row = c / (R * 8), il = (c / 8) % R, q = c % 8, j = q / 2, h = q % 2;
+      float raw_sum = 0.0f, staged_sum = 0.0f;
+      if (valid) {
+        const int k = (i0 + il) * 64 + 16 * j + 8 * h;
+        const T* src = static_cast<const T*>(args.x) + static_cast<int64_t>(m0 + row) * args.ldx + k;
+        uint4 v;
+        if (k + 8 <= args.K) {
+          v = __ldg(reinterpret_cast<const uint4*>(src));
+        } else {
+          T e[8];
+#pragma unroll
+          for (int i = 0; i < 8; ++i) e[i] = k + i < args.K ? src[i] : from_float<T>(0.0f);
+          v = *reinterpret_cast<const uint4*>(e);
+        }
+        const uint32_t pairs[4] = {v.x, v.y, v.z, v.w};
+        uint32_t* dst = xs + (row * range_max + il) * 32 + 2 * j + h;
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {  // pair p holds k offsets 2p, 2p+1: lane t = p
+          const uint32_t staged = h ? scale_pair_by_16th<T>(pairs[p]) : pairs[p];
+          dst[p * 8] = staged;
+          const float2 a = pair_to_float2<T>(pairs[p]), b = pair_to_float2<T>(staged);
+          raw_sum += a.x + a.y;
+          staged_sum += b.x + b.y;
+        }
+      }
+      // Lanes q = 0..3 hold rows k0..k0+31 of the iteration, q = 4..7 the rest.
+#pragma unroll
+      for (int o = 1; o < 4; o *= 2) {
+        raw_sum += __shfl_xor_sync(0xFFFFFFFFu, raw_sum, o);
+        staged_sum += __shfl_xor_sync(0xFFFFFFFFu, staged_sum, o);
+      }
+      if (valid && q % 4 == 0) {
+        float2* s = reinterpret_cast<float2*>(sums + row * range_max + il) + q / 4;
+        *s = make_float2(staged_sum, raw_sum);
+      }
+    }
+  }
   __syncthreads();
 
-  if (warp == kConsumerWarps) {
-    // ---- Producer: one lane streams the CTA's units into the slot ring. ----
-    if (lane != 0) return;
-    // (tile, k-iteration) of the units are walked with a cursor: a 64-bit
-    // division per unit costs more issue slots than the unit's copies.
-    auto produce_weights = [&](int i, const UnitCursor& c, const SlotCursor& slot) {
-      const int s = slot.slot;
-      const int blocks = min(kBlocksPerTile, n_blocks - kBlocksPerTile * c.tile), parts = one_group ? 1 : 2;
-      const uint32_t w_bytes = blocks * 128 * 16, sz_bytes = blocks * 64 * 4;
-      if (i >= kStages) mbar_wait(&empty[s], slot.phase ^ 1);  // released by the use before this one
-      mbar_arrive_expect_tx(&full[s], x_bytes + w_bytes + parts * sz_bytes);
-      const int first_block = c.it * n_blocks + kBlocksPerTile * c.tile;
-      bulk_load(stage_w(s), args.qweight + static_cast<int64_t>(first_block) * 128, w_bytes, &full[s]);
-      for (int part = 0; part < parts; ++part) {
-        const int k = c.it * 64 + 32 * part;
-        const int group = args.group_shift < 0 ? 0 : k >> args.group_shift;
-        bulk_load(stage_sz(s) + part * kTileCols,
-                  args.scale_zero + static_cast<int64_t>(group) * args.N_pad + c.tile * kTileCols,
-                  sz_bytes, &full[s]);
-      }
-    };
-    auto produce_x = [&](const UnitCursor& c, const SlotCursor& slot) {
-      tma_load_2d(stage_x(slot.slot), &x_map, c.it * 64, m0, &full[slot.slot]);
-    };
-    // Weights, which no kernel writes, go out before the wait for the
-    // previous kernel (programmatic dependent launch); x only after it.
-    const int first = min(n, kStages);
-    UnitCursor c(u_begin, args.iters);
-    SlotCursor slot;
-    for (int i = 0; i < first; ++i, c.next(args.iters), slot.next()) produce_weights(i, c, slot);
-    cuda::pdl_wait();
-    cuda::pdl_launch_dependents();
-    UnitCursor cx(u_begin, args.iters);
-    SlotCursor slot_x;
-    for (int i = 0; i < first; ++i, cx.next(args.iters), slot_x.next()) produce_x(cx, slot_x);
-    for (int i = first; i < n; ++i, c.next(args.iters), slot.next()) {
-      produce_weights(i, c, slot);
-      produce_x(c, slot);
+  // acc[e]: column col0 (e < 2) or col1, row 2t + (e & 1) of the pass.
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  const int x_row = min(g, rows - 1);  // n = g of the mma; columns past the pass are never stored
+  const int row_a = min(2 * t, rows - 1), row_b = min(2 * t + 1, rows - 1);
+  constexpr float kBias = kCodeBias<T>;
+  int slot = 0;
+  for (int it = i0; it < i1; ++it) {
+    const int ahead = it + kDepth - 1;
+    if (ahead < i1) issue(ahead, slot == 0 ? kDepth - 1 : slot - 1);  // the slot read last iteration
+    cp_async_commit();
+    cp_async_wait<kDepth - 1>();
+    const uint4 c = ring_codes[slot * kThreads + tid];
+    const uint32_t* sc = ring_scales + (slot * kThreads + tid) * kScaleWords;
+    slot = slot + 1 == kDepth ? 0 : slot + 1;
+
+    const int il = it - i0;
+    const uint4* xv = reinterpret_cast<const uint4*>(xs + (x_row * range_max + il) * 32 + t * 8);
+    const uint4 xa = xv[0], xb = xv[1];
+    const uint32_t xw[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+    const uint32_t words[4] = {c.x, c.y, c.z, c.w};
+    float d[2][4] = {};  // [rows k0.. / k0+32..][D fragment]; one accumulator unless group 32
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      uint32_t p[4];
+      raw_word_pairs<T>(words[j], p);
+      // A rows g / g+8 are columns col0 / col1; registers: k 2t.., k 2t+8..
+      const uint32_t a[4] = {p[0], p[2], p[1], p[3]};
+      const uint32_t b[2] = {xw[2 * j], xw[2 * j + 1]};
+      mma_16816<T>(d[kTwoGroups && j >= 2 ? 1 : 0], a, b);
     }
+    const float4 sa = sums[row_a * range_max + il], sb = sums[row_b * range_max + il];
+    auto fold = [&](const float (&dd)[4], uint32_t w0, uint32_t w1, float sa_staged, float sa_raw, float sb_staged,
+                    float sb_raw) {
+      float s0, o0, s1, o1;
+      column_scale_offset<T, kFloatZero>(w0, s0, o0);
+      column_scale_offset<T, kFloatZero>(w1, s1, o1);
+      acc[0] += s0 * (dd[0] - kBias * sa_staged) + o0 * sa_raw;
+      acc[1] += s0 * (dd[1] - kBias * sb_staged) + o0 * sb_raw;
+      acc[2] += s1 * (dd[2] - kBias * sa_staged) + o1 * sa_raw;
+      acc[3] += s1 * (dd[3] - kBias * sb_staged) + o1 * sb_raw;
+    };
+    if constexpr (kTwoGroups) {
+      fold(d[0], sc[0], sc[1], sa.x, sa.y, sb.x, sb.y);
+      fold(d[1], sc[2], sc[3], sa.z, sa.w, sb.z, sb.w);
+    } else {
+      fold(d[0], sc[0], sc[1], sa.x + sa.z, sa.y + sa.w, sb.x + sb.z, sb.y + sb.w);
+    }
+  }
+  cp_async_wait<0>();
+  // The next kernel may start its own weight prefetch while this one sums.
+  cuda::pdl_launch_dependents();
+
+  T* y = static_cast<T*>(args.y);
+  const bool stores = strip_raw < strips;
+  auto for_each_output = [&](auto&& f) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = 2 * t + (e & 1), col = e < 2 ? col0 : col1;
+      if (stores && row < rows) f(row, col, acc[e]);
+    }
+  };
+  if (args.split_k == 1) {
+    for_each_output([&](int row, int col, float v) {
+      if (col < args.N) y[static_cast<int64_t>(m0 + row) * args.ldy + col] = from_float<T>(v);
+    });
     return;
   }
 
-  // ---- Consumers: warp w computes the 16-column strips w + 16 m of the
-  // tile (strip j: block j / 4 of the tile, its columns 16 (j % 4) .. +15),
-  // independent mma chains. ----
-  cuda::pdl_wait();  // y and the workspace may still be read by the previous kernel
-  const int g = lane / 4, t = lane % 4;
-  const int rows = min(kGemvRowsPerPass, args.M - m0);
-  T* y = static_cast<T*>(args.y);
-  // ldmatrix.x4 of x: lane l addresses row l % 8 of matrix l / 8; matrices
-  // (k-step 2p, k 0-7), (2p, 8-15), (2p+1, 0-7), (2p+1, 8-15) are 16-byte
-  // chunks 4p + l / 8 of the row, stored at chunk ^ row (the swizzle). Rows
-  // past M are stale (x_box_rows): they only reach D columns never stored.
-  const int x_row = lane % 8, x_chunk = lane / 8;
-  auto strip_of = [&](int m) { return warp + kConsumerWarps * m; };
-  auto col0_of = [&](int m) { return strip_of(m) * 16 + g; };  // column within the tile; col1 = col0 + 8
-
-  // Deferred dequantization. The mma multiplies x by the codes as they come
-  // out of one LOP3 (kCodeBias + q; fp16 codes in bits 4..7 of a byte give
-  // kCodeBias + 16 q, and meet x / 16 so their products are kCodeBias / 16 x
-  // + q x). What a scale group contributes to y is then, per column,
-  //   s * (raw - kCodeBias * A) + off * S,   off = -s z (or m, float zero-point),
-  // with raw the mma sum, S = sum of x and A = the x-side sum the biases met,
-  // both per row of x and group, from one more mma per k-step with a 0/1
-  // selector as its A operand. This "fold" runs once per group and strip in
-  // fp32, instead of a subtraction and a multiply per pair of weights, which
-  // halves the dequantization's instructions. (Measured on the H100 it did
-  // not change the kernel's time: the consumers' latency, not their
-  // instruction count, is what limits it; docs/w4a16-gemm.md, "v6".) Products
-  // and sums are exact up to fp32 rounding (codes and x / 16 are exact 16-bit
-  // values), so this is closer to the fp32 reference than rounding each
-  // weight to 16 bits.
-  constexpr bool kHalf = std::is_same_v<T, half>;
-  constexpr float kBias = kCodeBias<T>;
-  constexpr float kHiScale = kHalf ? 16.0f : 1.0f;  // S_hi = kHiScale * (what the selector mma sums)
-  constexpr uint32_t kOne = kHalf ? 0x3C003C00u : 0x3F803F80u;
-  // Selector A: row g sums k 2t.. (the lo rows of a k-step), row g + 8 the hi rows.
-  const uint32_t selector[4] = {kOne, 0u, 0u, kOne};
-  const bool two_groups = !one_group;  // group 32: k-steps 0-1 and 2-3 have their own scales
-  // k-iterations per group minus one (group sizes are powers of two), or -1
-  // per channel: a mask, since a division per unit showed in the profile.
-  const int fold_mask = args.group_shift < 0 ? -1 : (args.group_shift <= 6 ? 0 : (1 << (args.group_shift - 6)) - 1);
-
-  float raw[kStripsPerWarp][2][4] = {};  // [strip][k half: k-steps 0-1 / 2-3][D element] since the last fold
-  float xsum[2][4] = {};                 // [k half]: d0, d1 = lo-row sums, d2, d3 = hi-row sums (x rows 2t, 2t+1)
-  float out[kStripsPerWarp][4] = {};     // the tile's scaled sums so far
-
-  // Folds k halves [h0, h1] of every active strip with the scales of `sz`.
-  auto fold = [&](int h0, int h1, const uint32_t* sz, int tile_blocks) {
-    float A[2], S[2];  // rows 2t, 2t + 1 of x
+  constexpr int kCols = kWarps * 16;
+  const int block_col = blockIdx.x * kCols;
+  const int elements = rows * kCols;  // [row][column of the block]
+  float* red = reinterpret_cast<float*>(smem);
+  // Through global memory: partials [split][row][N_pad], a counter per block;
+  // the last CTA to arrive loads every partial of the block at once (one round
+  // of loads, as many in flight as the CTA has threads) and sums in order.
+  float* mine = args.partial + (static_cast<int64_t>(split) * kGemvRowsPerPass) * args.N_pad;
+  for_each_output([&](int row, int col, float v) { __stcg(mine + static_cast<int64_t>(row) * args.N_pad + col, v); });
+  __threadfence();  // this thread's partials are visible device-wide before the count
+  __syncthreads();
+  int* counter = args.counters + blockIdx.x;
+  if (tid == 0) last_cta = atomicAdd(counter, 1) == args.split_k - 1;
+  __syncthreads();
+  if (!last_cta) return;
+  __threadfence();
+  const int chunk = max(1, (layout.bytes() / 4) / args.split_k);  // elements per round that fit in shared memory
+  for (int e0 = 0; e0 < elements; e0 += chunk) {
+    const int n = min(chunk, elements - e0), total = n * args.split_k;
+    for (int base = 0; base < total; base += kThreads * 4) {
+      float v[4];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float lo = 0.0f, hi = 0.0f;
-      for (int h = h0; h <= h1; ++h) lo += xsum[h][r], hi += xsum[h][2 + r];
-      A[r] = lo + hi;
-      S[r] = lo + kHiScale * hi;
-    }
-#pragma unroll
-    for (int m = 0; m < kStripsPerWarp; ++m) {
-      if (strip_of(m) / 4 >= tile_blocks) continue;  // warp-uniform; its scales were not copied
-      float scale[2], offset[2];
-#pragma unroll
-      for (int c = 0; c < 2; ++c) column_scale_offset<T, kFloatZero>(sz[col0_of(m) + 8 * c], scale[c], offset[c]);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float r_sum = 0.0f;
-        for (int h = h0; h <= h1; ++h) r_sum += raw[m][h][e];
-        const int c = e / 2, r = e & 1;
-        out[m][e] += scale[c] * (r_sum - kBias * A[r]) + offset[c] * S[r];
+      for (int u = 0; u < 4; ++u) {
+        const int i = base + u * kThreads + tid;
+        const int e = e0 + i % n, row = e / kCols;
+        v[u] = i < total ? __ldcg(args.partial + (static_cast<int64_t>(i / n) * kGemvRowsPerPass + row) * args.N_pad +
+                                  block_col + e % kCols)
+                         : 0.0f;
       }
-      for (int h = h0; h <= h1; ++h)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) raw[m][h][e] = 0.0f;
-    }
-    for (int h = h0; h <= h1; ++h)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) xsum[h][e] = 0.0f;
-  };
-
-  const uint32_t full_bar = smem_address(&full[0]), empty_bar = smem_address(&empty[0]);
-  UnitCursor cursor(u_begin, args.iters);
-  SlotCursor slot;
-  for (int i = 0; i < n; ++i, cursor.next(args.iters), slot.next()) {
-    const int s = slot.slot;
-    const int tile = cursor.tile, it = cursor.it;
-    const int tile_blocks = min(kBlocksPerTile, n_blocks - kBlocksPerTile * tile);  // the last tile may be narrower
-    const bool tile_ends = it == args.iters - 1 || i == n - 1;
-    mbar_wait(full_bar + 8 * s, slot.phase);
-    const unsigned char* xs = stage_x(s) + x_row * 128;
-    uint32_t bx[4][2];  // x as the B fragment of k-step j: k 2t.. (lo), k 2t+8.. (hi)
-#pragma unroll
-    for (int pair = 0; pair < 2; ++pair) {
-      uint32_t b[4];
-      ldmatrix_x4(b, xs + (((4 * pair + x_chunk) ^ x_row) * 16));
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        bx[2 * pair + h][0] = b[2 * h];
-        bx[2 * pair + h][1] = b[2 * h + 1];
+      for (int u = 0; u < 4; ++u) {
+        const int i = base + u * kThreads + tid;
+        if (i < total) red[i] = v[u];
       }
     }
-    if constexpr (kHalf) {
-      const half2 k1_16 = __float2half2_rn(1.0f / 16.0f);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) bx[j][1] = as_u32(__hmul2(from_u32<half2>(bx[j][1]), k1_16));
+    __syncthreads();
+    for (int i = tid; i < n; i += kThreads) {
+      float sum = 0.0f;
+      for (int s = 0; s < args.split_k; ++s) sum += red[s * n + i];
+      const int e = e0 + i, row = e / kCols, col = block_col + e % kCols;
+      if (col < args.N) y[static_cast<int64_t>(m0 + row) * args.ldy + col] = from_float<T>(sum);
     }
-#pragma unroll
-    for (int j = 0; j < 4; ++j) mma_16816<T>(xsum[j / 2], selector, bx[j]);
-#pragma unroll
-    for (int m = 0; m < kStripsPerWarp; ++m) {
-      if (strip_of(m) / 4 >= tile_blocks) continue;  // warp-uniform
-      const uint4 wq = stage_w(s)[strip_of(m) * 32 + lane];  // the layout's [block][strip][lane] order
-      const uint32_t words[4] = {wq.x, wq.y, wq.z, wq.w};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        uint32_t p[4];
-        raw_word_pairs<T>(words[j], p);
-        // A = codes: rows g / g+8 are columns c0 / c1, k 2t.. then 2t+8..
-        const uint32_t a[4] = {p[0], p[2], p[1], p[3]};
-        mma_16816<T>(raw[m][j / 2], a, bx[j]);
-      }
-    }
-    const uint32_t* sz = stage_sz(s);
-    if (two_groups) {
-      fold(0, 0, sz, tile_blocks);
-      fold(1, 1, sz + kTileCols, tile_blocks);
-    } else if (tile_ends || (fold_mask >= 0 && ((it + 1) & fold_mask) == 0)) {
-      fold(0, 1, sz, tile_blocks);
-    }
-    __syncwarp();
-    if (lane == 0) mbar_arrive(empty_bar + 8 * s);  // release semantics: this warp's reads of the slot are done
-
-    if (!tile_ends) continue;
-    // ---- The tile ends here (or the range does): store or hand over. ----
-    const int64_t tile_begin = static_cast<int64_t>(tile) * args.iters, tile_end = tile_begin + args.iters;
-    const int tile_col = tile * kTileCols;
-    // D fragment of strip m: out[m][0], [1] = column col0, rows 2t, 2t+1 of
-    // the pass; out[m][2], [3] = column col1, same rows.
-    auto for_each_acc = [&](auto&& f) {
-#pragma unroll
-      for (int m = 0; m < kStripsPerWarp; ++m)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) f(2 * t + (e & 1), col0_of(m) + (e < 2 ? 0 : 8), out[m][e]);
-    };
-    if (tile_begin >= u_begin && tile_end <= u_end) {  // the whole tile is this CTA's
-      for_each_acc([&](int r, int col, float v_out) {
-        if (r < rows && tile_col + col < args.N)
-          y[static_cast<int64_t>(m0 + r) * args.ldy + tile_col + col] = from_float<T>(v_out);
-      });
-    } else {
-      // Partial slot of CTA c: 0 for the first tile of its range, 1 for its last.
-      auto partial_of = [&](int64_t c, int tile_index) {
-        const int slot_index = range_begin(c, units, ctas) / args.iters == tile_index ? 0 : 1;
-        return args.partial + (c * 2 + slot_index) * (kGemvRowsPerPass * kTileCols);
-      };
-      float* mine = partial_of(cta, tile);
-      for_each_acc([&](int r, int col, float v_out) { __stcg(mine + r * kTileCols + col, v_out); });
-      __threadfence();  // this thread's partials are visible device-wide before the count
-      consumer_sync();
-      int* counter = args.counters + tile;
-      const int first_cta = owner_of(tile_begin, units, ctas), last_cta_index = owner_of(tile_end - 1, units, ctas);
-      if (tid == 0) last_cta = atomicAdd(counter, 1) == last_cta_index - first_cta;
-      consumer_sync();
-      if (last_cta) {
-        __threadfence();
-        // Float4s of the tile's rows, each summed over the tile's CTAs in
-        // order (the same bits whichever CTA finishes last).
-        for (int q = tid; q < rows * (kTileCols / 4); q += kConsumers) {
-          const int r = q / (kTileCols / 4), col = (q % (kTileCols / 4)) * 4;
-          float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 4
-          for (int c = first_cta; c <= last_cta_index; ++c)
-            add_to(sum, __ldcg(reinterpret_cast<const float4*>(partial_of(c, tile) + r * kTileCols + col)));
-          store_quad(y + static_cast<int64_t>(m0 + r) * args.ldy, tile_col + col, args.N, sum);
-        }
-        if (tid == 0) *counter = 0;  // ready for the next call
-      }
-    }
-#pragma unroll
-    for (int m = 0; m < kStripsPerWarp; ++m)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) out[m][e] = 0.0f;
+    __syncthreads();
   }
-#else
-  (void)args;
-  (void)m0;  // built without sm_90: gemv_supported() keeps this from being launched
-#endif
+  if (tid == 0) *counter = 0;  // ready for the next call
 }
 
-template <typename T, bool kFloatZero>
-void launch_typed(const GemvArgs& args, cudaStream_t stream) {
-  auto kernel = w4a16_gemv_kernel<T, kFloatZero>;
-  static bool configured = false;  // per instantiation; the attribute is per device function
+int smem_for(int M, int iters, int split, bool two_groups) {
+  return GemvSmem{two_groups ? 4 : 2, std::min(M, kGemvRowsPerPass), (iters + split - 1) / split}.bytes();
+}
+
+struct DeviceLimits {
+  int sms = 0, smem_per_sm = 0, smem_per_cta = 0, max_ctas_by_regs = 0;
+};
+// Per device, queried once: what the split choice needs to count resident CTAs.
+const DeviceLimits& device_limits(int device) {
+  static std::mutex mutex;
+  static std::map<int, DeviceLimits> cache;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(device);
+  if (it != cache.end()) return it->second;
+  DeviceLimits l;
+  LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&l.sms, cudaDevAttrMultiProcessorCount, device));
+  LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&l.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+  LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&l.smem_per_cta, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  cudaFuncAttributes attr{};
+  LOWBIT_CUDA_CHECK(cudaFuncGetAttributes(&attr, w4a16_gemv_kernel<half, false, false>));
+  // Dynamic shared memory may take what the static part (the last-CTA flag) leaves.
+  l.smem_per_cta -= static_cast<int>((attr.sharedSizeBytes + 127) / 128 * 128);
+  const int regs_per_warp = (attr.numRegs + 7) / 8 * 8 * 32;
+  l.max_ctas_by_regs = std::max(1, 65536 / (regs_per_warp * kWarps));
+  return cache.emplace(device, l).first->second;
+}
+
+int resident_ctas_per_sm(const DeviceLimits& l, int smem) {
+  const int by_smem = l.smem_per_sm / (smem + 1024);  // 1 KB per CTA is reserved by the system
+  return std::max(1, std::min({l.max_ctas_by_regs, by_smem, 2048 / kThreads}));
+}
+
+template <typename T, bool kFloatZero, bool kTwoGroups>
+void launch_typed(const GemvArgs& args, int device, cudaStream_t stream) {
+  auto kernel = w4a16_gemv_kernel<T, kFloatZero, kTwoGroups>;
+  const DeviceLimits& limits = device_limits(device);
+  static bool configured = false;  // per instantiation: the attribute is per device function
   if (!configured) {
-    LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Smem::kBytes));
+    LOWBIT_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, limits.smem_per_cta));
     configured = true;
   }
-  const CUtensorMap map = encode_x_tensor_map(args, x_box_rows(args.M), std::is_same_v<T, __nv_bfloat16>);
+  const int range_max = (args.iters + args.split_k - 1) / args.split_k;
   // Passes of 8 rows run one after the other on the stream; each finishes
-  // its tiles before the next reuses the partials and counters.
+  // before the next reuses the partials and counters.
   for (int m0 = 0; m0 < args.M; m0 += kGemvRowsPerPass) {
-    cuda::launch_with_pdl(kernel, dim3(static_cast<unsigned>(args.split_k)), dim3(kThreads),
-                          static_cast<size_t>(Smem::kBytes), stream, map, args, m0);
-    LOWBIT_CUDA_CHECK_LAUNCH();
+    cuda::launch_with_pdl(kernel, dim3(static_cast<unsigned>(gemv_col_blocks(args.N_pad)), static_cast<unsigned>(args.split_k)),
+                          dim3(kThreads),
+                          static_cast<size_t>(smem_for(args.M - m0, args.iters, args.split_k, kTwoGroups)), stream,
+                          args, m0, range_max);
   }
 }
 
 }  // namespace
 
-int gemv_tiles(int N_pad) { return (N_pad / 64 + kBlocksPerTile - 1) / kBlocksPerTile; }
+int gemv_col_blocks(int N_pad) { return (N_pad / 16 + kWarps - 1) / kWarps; }
 
-int64_t gemv_units(int N_pad, int iters) { return static_cast<int64_t>(gemv_tiles(N_pad)) * iters; }
-
-size_t gemv_partial_floats(int ctas) { return static_cast<size_t>(ctas) * 2 * kGemvRowsPerPass * kTileCols; }
-
-int gemv_ctas_per_sm(bool bf16) {
-  static int cached[2] = {0, 0};
-  int& slot = cached[bf16 ? 1 : 0];
-  if (slot == 0) {
-    int per_sm = 0;
-    auto query = [&](auto kernel) {
-      LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Smem::kBytes));
-      LOWBIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, Smem::kBytes));
-    };
-    if (bf16) query(w4a16_gemv_kernel<__nv_bfloat16, false>);
-    else query(w4a16_gemv_kernel<half, false>);
-    slot = std::max(1, per_sm);
-  }
-  return slot;
+size_t gemv_partial_floats(int split_k, int N_pad) {
+  return static_cast<size_t>(split_k) * kGemvRowsPerPass * static_cast<size_t>(N_pad);
 }
 
-void launch_gemv(const GemvArgs& args, bool bf16, bool float_zero, cudaStream_t stream) {
-  LOWBIT_REQUIRE(args.split_k >= 1 && args.split_k <= gemv_units(args.N_pad, args.iters), "gemv: ", args.split_k,
-                 " CTAs for ", gemv_units(args.N_pad, args.iters), " units");
+int gemv_min_split(int64_t M, int iters, int device) {
+  const DeviceLimits& l = device_limits(device);
+  for (int s = 1; s < iters; ++s)
+    if (smem_for(static_cast<int>(std::min<int64_t>(M, kGemvRowsPerPass)), iters, s, true) <= l.smem_per_cta)
+      return s;
+  return std::max(1, iters);
+}
+
+int gemv_choose_split(int64_t M, int N_pad, int iters, bool two_groups, int device) {
+  // The slowest SM sets the time: with CTAs of equal length, a grid of G
+  // CTAs over `slots` resident ones runs in ceil(G / slots) rounds, each the
+  // length of one CTA's range plus a fixed cost for filling its ring and
+  // summing its partials (kCtaOverheadIters, from the H100 runs). The split
+  // with the least total wins; ties go to the smaller split.
+  constexpr double kCtaOverheadIters = 4.0;
+  const DeviceLimits& l = device_limits(device);
+  const int rows = static_cast<int>(std::min<int64_t>(M, kGemvRowsPerPass));
+  const int64_t blocks = gemv_col_blocks(N_pad);
+  const int first = gemv_min_split(M, iters, device);
+  int best = first;
+  double best_cost = 1e300;
+  for (int s = first; s <= std::max(first, iters / 2); ++s) {
+    const int smem = smem_for(rows, iters, s, two_groups);
+    if (smem > l.smem_per_cta) continue;
+    const int64_t slots = static_cast<int64_t>(resident_ctas_per_sm(l, smem)) * l.sms;
+    const double rounds = std::ceil(static_cast<double>(blocks * s) / static_cast<double>(slots));
+    const double cost = rounds * ((iters + s - 1) / s + kCtaOverheadIters);
+    if (cost < best_cost - 1e-9) {
+      best_cost = cost;
+      best = s;
+    }
+  }
+  return best;
+}
+
+void launch_gemv(const GemvArgs& args, bool bf16, bool float_zero, int device, cudaStream_t stream) {
+  LOWBIT_REQUIRE(args.split_k >= 1 && args.split_k <= std::max(1, args.iters), "gemv: K split ", args.split_k,
+                 " for ", args.iters, " k-iterations");
+  const bool two_groups = args.group_shift == 5;  // group 32: two scale groups per 64-row iteration
+  LOWBIT_REQUIRE(args.group_shift < 0 || args.group_shift >= 5, "gemv: group size below 32");
+  LOWBIT_REQUIRE(smem_for(args.M, args.iters, args.split_k, two_groups) <= device_limits(device).smem_per_cta,
+                 "gemv: K split ", args.split_k, " leaves more of x per CTA than shared memory holds");
+  auto by_groups = [&](auto t_tag, auto fz_tag) {
+    using T = decltype(t_tag);
+    constexpr bool kFz = decltype(fz_tag)::value;
+    if (two_groups) launch_typed<T, kFz, true>(args, device, stream);
+    else launch_typed<T, kFz, false>(args, device, stream);
+  };
   if (bf16) {
-    if (float_zero) launch_typed<__nv_bfloat16, true>(args, stream);
-    else launch_typed<__nv_bfloat16, false>(args, stream);
+    if (float_zero) by_groups(__nv_bfloat16{}, std::true_type{});
+    else by_groups(__nv_bfloat16{}, std::false_type{});
   } else {
-    if (float_zero) launch_typed<half, true>(args, stream);
-    else launch_typed<half, false>(args, stream);
+    if (float_zero) by_groups(half{}, std::true_type{});
+    else by_groups(half{}, std::false_type{});
   }
 }
 

@@ -15,18 +15,20 @@ namespace lowbit::w4a16_detail {
 // runs in passes, one launch each.
 inline constexpr int kGemvRowsPerPass = 8;
 
-// split_k is the number of CTAs of the persistent grid; partial holds
-// gemv_partial_floats(split_k) floats and counters gemv_tiles(N_pad) ints,
-// zero between calls.
+// split_k is the K split: a grid of gemv_col_blocks(N_pad) x split_k CTAs.
+// With split_k > 1, partial holds gemv_partial_floats(split_k, N_pad) floats
+// and counters gemv_col_blocks(N_pad) ints, zero between calls.
 using GemvArgs = TiledGemmArgs;
 
-// Column tiles (512 columns each) and units of work (tiles x 64-row k-iterations).
-int gemv_tiles(int N_pad);
-int64_t gemv_units(int N_pad, int iters);
-size_t gemv_partial_floats(int ctas);
-// CTAs per SM the kernel keeps resident (occupancy query, cached).
-int gemv_ctas_per_sm(bool bf16);
-// Needs a compute capability 9.0 device (the copy engine's bulk copies).
-void launch_gemv(const GemvArgs& args, bool bf16, bool float_zero, cudaStream_t stream);
+// Blocks of 128 output columns (one CTA's width).
+int gemv_col_blocks(int N_pad);
+size_t gemv_partial_floats(int split_k, int N_pad);
+// The least K split whose share of x fits in a CTA's shared memory.
+int gemv_min_split(int64_t M, int iters, int device);
+// The K split `auto` and an unset W4A16Options::split_k use: the least
+// estimated time over the splits that fit (rounds of resident CTAs x range).
+int gemv_choose_split(int64_t M, int N_pad, int iters, bool two_groups, int device);
+// Compute capability 8.0 or later (cp.async, mma.sync).
+void launch_gemv(const GemvArgs& args, bool bf16, bool float_zero, int device, cudaStream_t stream);
 
 }  // namespace lowbit::w4a16_detail

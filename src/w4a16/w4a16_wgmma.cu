@@ -299,8 +299,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>)
     // Decode (a row or two, split 8-16): the loop below would have 32-64
     // threads walk the splits one L2 round trip at a time. Instead all
     // threads load the (split, group) pairs at once, up to 4 each, into the
-    // idle stage memory (16 KB at most); then one thread per group sums them
-    // in the same order as the loop (the same bits).
+    // idle stage memory (16 KB at most); then each thread sums groups in the
+    // same order as the loop (the same bits).
     float4* staged = reinterpret_cast<float4*>(smem);
     const int pairs = quads * args.split_k;
     __syncthreads();  // every warpgroup is done with the stages
@@ -318,10 +318,11 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>)
     for (int u = 0; u < kStagedPerThread; ++u)
       if (tid + u * kThreads < pairs) staged[tid + u * kThreads] = v[u];
     __syncthreads();
-    if (tid < quads) {
-      const int row = m0 + tid / 32, col = blockIdx.y * 128 + (tid % 32) * 4;
+    // quads exceeds the thread count from 9 rows on (16-row tile at split 2).
+    for (int q = tid; q < quads; q += kThreads) {
+      const int row = m0 + q / 32, col = blockIdx.y * 128 + (q % 32) * 4;
       float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      for (int sp = 0; sp < args.split_k; ++sp) add_to(sum, staged[sp * quads + tid]);
+      for (int sp = 0; sp < args.split_k; ++sp) add_to(sum, staged[sp * quads + q]);
       store_quad(y + static_cast<int64_t>(row) * args.ldy, col, args.N, sum);
     }
     if (tid == 0) *counter = 0;

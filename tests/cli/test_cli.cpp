@@ -93,11 +93,14 @@ TEST(Cli, UsageErrorsExitTwo) {
 TEST(Cli, BenchGemmOptions) {
   const RunResult help = run_lowbit("bench gemm --help");
   EXPECT_EQ(help.exit_code, 0) << help.output;
-  for (const char* word : {"--l2-flush", "write", "read", "gemv", "wgmma", "--gemv-splits"})
+  for (const char* word : {"--l2-flush", "write", "read", "gemv", "wgmma", "--gemv-splits", "--strategies"})
     EXPECT_NE(help.output.find(word), std::string::npos) << word << "\n" << help.output;
   const RunResult bad = run_lowbit("bench gemm --l2-flush sideways");
   EXPECT_EQ(bad.exit_code, 2) << bad.output;
   EXPECT_NE(bad.output.find("sideways"), std::string::npos) << bad.output;
+  const RunResult unknown = run_lowbit("bench gemm --strategies gemv,sideways");
+  EXPECT_EQ(unknown.exit_code, 2) << unknown.output;
+  EXPECT_NE(unknown.output.find("sideways"), std::string::npos) << unknown.output;
 }
 
 TEST(Cli, VersionAndEnv) {

@@ -146,6 +146,35 @@ TEST(CudaEngine, BatchedDecodeEqualsOneSequenceAtATime) {
   }
 }
 
+// One prompt prefilled beside another in the same step against the same
+// prompt alone in a fresh engine, for prompt lengths around the 16-row wgmma
+// tile and the 16-token page, fp16 and tq4 KV. (It found rows 9-16 of the
+// 16-row wgmma tile left unwritten when K is split in 2.)
+TEST(CudaEngine, PrefillBesideAnotherPromptEqualsAlone) {
+  LOWBIT_REQUIRE_GPU();
+  const Model model = make_random_model(tiny_config(Architecture::qwen3), 5, WeightMode::w4, 0.08f);
+  const std::vector<int32_t> other = {40, 41, 42, 43, 44};
+  for (KvStorage storage : {KvStorage::fp16, KvStorage::tq4})
+    for (int length : {1, 2, 3, 7, 8, 9, 10, 11, 12, 15, 16, 17}) {
+      KvOptions kv;
+      kv.k = kv.v = storage;
+      kv.max_tokens = 64;
+      kv.max_sequences = 2;
+      kv.page_size = 16;
+      std::vector<int32_t> prompt(static_cast<size_t>(length));
+      for (int i = 0; i < length; ++i) prompt[static_cast<size_t>(i)] = 300 + i;
+      auto pair = make_cuda_backend(model, kv, false);
+      auto alone = make_cuda_backend(model, kv, false);
+      const int a = pair->add_sequence(), b = pair->add_sequence(), c = alone->add_sequence();
+      std::vector<float> both, one;
+      pair->forward(std::vector<StepInput>{{a, prompt}, {b, other}}, LogitsWanted::last, both);
+      alone->forward(std::vector<StepInput>{{c, prompt}}, LogitsWanted::last, one);
+      const std::vector<float> row(both.begin(), both.begin() + model.config.vocab);
+      EXPECT_LE(max_rel_error(row, one), test::kCudaEngineBatchRelError)
+          << kv_storage_name(storage) << " prompt of " << length << " tokens";
+    }
+}
+
 TEST(CudaEngine, RejectsWhatItCannotRun) {
   LOWBIT_REQUIRE_GPU();
   ModelConfig c = tiny_config(Architecture::llama);

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <utility>
 #include <random>
 #include <vector>
 
@@ -97,17 +98,13 @@ std::vector<uint16_t> run_gpu(const Problem& p, const W4A16Weights& w, W4A16Work
   return result;
 }
 
-// Every strategy this device runs: wgmma and gemv join on sm_90a devices
-// (the test WgmmaRunsOnComputeCapability9 keeps an H100 from skipping them
-// silently).
+// Every strategy this device runs: wgmma joins on sm_90a devices (the test
+// WgmmaRunsOnComputeCapability9 keeps an H100 from skipping it silently).
 std::vector<W4A16Strategy> strategies() {
   std::vector<W4A16Strategy> s = {W4A16Strategy::data_parallel, W4A16Strategy::split_k_atomic, W4A16Strategy::stream_k,
                                   W4A16Strategy::split_k_deterministic, W4A16Strategy::decoupled,
-                                  W4A16Strategy::automatic};
-  if (w4a16_wgmma_available()) {
-    s.push_back(W4A16Strategy::wgmma);
-    s.push_back(W4A16Strategy::gemv);
-  }
+                                  W4A16Strategy::gemv, W4A16Strategy::automatic};
+  if (w4a16_wgmma_available()) s.push_back(W4A16Strategy::wgmma);
   return s;
 }
 TEST(W4A16Gemm, EveryStrategyDtypeZeroKindAndGroupSize) {
@@ -146,6 +143,25 @@ TEST(W4A16Gemm, EveryMAndAwkwardShapes) {
                                           << dtype_name(dtype) << " M=" << M << " " << w4a16_strategy_name(s));
           EXPECT_TRUE(matches_reference(p, run_gpu(p, w, ws, {s, 0})));
         }
+      }
+    }
+  }
+}
+
+// The small engine test model's layers (tests/cuda/test_cuda_engine.cu) at
+// the row counts its prefills use, with auto and the two sm_90a kernels.
+TEST(W4A16Gemm, EngineTestLayersAtPrefillRows) {
+  LOWBIT_REQUIRE_GPU();
+  W4A16Workspace ws;
+  uint64_t seed = 900;
+  for (const auto& [K, N] : {std::pair<int64_t, int64_t>{256, 1024}, {512, 256}, {256, 384}}) {
+    const auto layer = test::random_layer(K, N, 128, ZeroKind::sym, seed++);
+    const W4A16Weights w = W4A16Weights::prepare(layer, DType::f16);
+    for (int64_t M : {1, 2, 9, 12, 15, 16, 17, 20, 21}) {
+      const Problem p = make_problem(M, layer, DType::f16, seed++);
+      for (W4A16Strategy s : strategies()) {
+        SCOPED_TRACE(testing::Message() << "K=" << K << " N=" << N << " M=" << M << " " << w4a16_strategy_name(s));
+        EXPECT_TRUE(matches_reference(p, run_gpu(p, w, ws, {s, 0})));
       }
     }
   }
@@ -198,28 +214,15 @@ TEST(W4A16Gemm, LargeLayerAtDecodeShapes) {
   }
 }
 
-// Without sm_90a the gemv strategy is a clear error, not a wrong answer.
-void expect_gemv_unsupported() {
-  W4A16Workspace ws;
-  const auto layer = test::random_layer(128, 64, 64, ZeroKind::sym, 1);
-  const W4A16Weights w = W4A16Weights::prepare(layer, DType::f16);
-  const Problem p = make_problem(1, layer, DType::f16, 2);
-  EXPECT_THROW(run_gpu(p, w, ws, {W4A16Strategy::gemv, 0}), Error);
-}
-
-// The gemv strategy (a persistent grid over 512-column x 64-row units):
-// every row count of a pass (1..8) and several passes; CTA counts that give
-// one CTA many tiles (1), ranges that cut tiles unevenly (3, 7) and more CTAs
-// than units (200, clamped: tiles shared by many CTAs); tiles of 512 columns
-// narrower than that (N = 64 .. 200) and three of them with a narrow last
-// (N = 1100); group 32 (two scale groups per unit), bf16,
+// The gemv strategy (128-column blocks, K split over the CTAs of a block):
+// every row count of a pass (1..8) and several passes; K splits summed
+// through a thread block cluster (3, 7: up to 8 on compute capability 9.0)
+// and through global partials and a counter (more than 8: 200 is clamped to
+// one k-iteration per CTA); blocks wider than N (N = 64 .. 200) and a narrow
+// last block (N = 1100); group 32 (two scale groups per k-iteration), bf16,
 // float zero-point, odd K and N; and the reduction repeats bit for bit.
 TEST(W4A16Gemm, GemvEveryRowCountAndSplit) {
   LOWBIT_REQUIRE_GPU();
-  if (!w4a16_wgmma_available()) {  // the copy engine's bulk copies: compute capability 9.0 only
-    expect_gemv_unsupported();
-    return;
-  }
   W4A16Workspace ws;
   struct Case { int64_t K, N; int group; ZeroKind kind; DType dtype; };
   uint64_t seed = 300;
@@ -231,7 +234,7 @@ TEST(W4A16Gemm, GemvEveryRowCountAndSplit) {
     const W4A16Weights w = W4A16Weights::prepare(layer, c.dtype);
     for (int64_t M : {1, 2, 3, 4, 5, 6, 7, 8, 9, 17}) {
       const Problem p = make_problem(M, layer, c.dtype, seed++);
-      for (int split : {0, 1, 3, 7, 200}) {
+      for (int split : {0, 1, 3, 7, 12, 200}) {
         SCOPED_TRACE(testing::Message() << "K=" << c.K << " N=" << c.N << " g=" << c.group << " "
                                         << test::zero_kind_name(c.kind) << " " << dtype_name(c.dtype) << " M=" << M
                                         << " split " << split);
@@ -242,16 +245,16 @@ TEST(W4A16Gemm, GemvEveryRowCountAndSplit) {
         EXPECT_GE(plan.split_k, 1);
         const auto first = run_gpu(p, w, ws, o);
         EXPECT_TRUE(matches_reference(p, first));
-        if (split == 3) EXPECT_EQ(run_gpu(p, w, ws, o), first);
+        if (split == 3 || split == 12) EXPECT_EQ(run_gpu(p, w, ws, o), first);
       }
     }
   }
-  // K = 4096, N = 1024: 2 tiles x 64 iterations = 128 units, the most CTAs.
+  // K = 4096: 64 k-iterations, the largest split.
   const W4A16Weights big = W4A16Weights::random(4096, 1024, 128, DType::f16, 9);
-  EXPECT_EQ(w4a16_plan(8, big, {W4A16Strategy::gemv, 1000}).split_k, 128);
+  EXPECT_EQ(w4a16_plan(8, big, {W4A16Strategy::gemv, 1000}).split_k, 64);
   EXPECT_EQ(w4a16_plan(1, big, {W4A16Strategy::gemv, 5}).split_k, 5);
   EXPECT_GE(w4a16_plan(1, big, {W4A16Strategy::gemv, 0}).split_k, 1);
-  EXPECT_LE(w4a16_plan(1, big, {W4A16Strategy::gemv, 0}).split_k, 128);
+  EXPECT_LE(w4a16_plan(1, big, {W4A16Strategy::gemv, 0}).split_k, 64);
 }
 
 // Back-to-back calls on one stream with no host synchronization between
@@ -263,10 +266,6 @@ TEST(W4A16Gemm, GemvEveryRowCountAndSplit) {
 // shows as a mismatch.
 TEST(W4A16Gemm, GemvChainedCallsOnOneStream) {
   LOWBIT_REQUIRE_GPU();
-  if (!w4a16_wgmma_available()) {  // the copy engine's bulk copies: compute capability 9.0 only
-    expect_gemv_unsupported();
-    return;
-  }
   W4A16Workspace ws;
   cudaStream_t stream;
   LOWBIT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));

@@ -43,8 +43,14 @@ void add_bench_command(CLI::App& app) {
                    "Also time the wgmma strategy with these tile rows forced (16,32,64,128,256; sm_90a only)")
       ->delimiter(',')
       ->check(CLI::IsMember({16, 32, 64, 128, 256}));
+  gemm->add_option("--strategies", options.strategies,
+                   "Time only these strategies (comma-separated: auto, data_parallel, split_k_atomic, "
+                   "split_k_deterministic, stream_k, decoupled, wgmma, gemv; default: all this device runs)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"auto", "data_parallel", "split_k_atomic", "split_k_deterministic", "stream_k",
+                             "decoupled", "wgmma", "gemv"}));
   gemm->add_option("--gemv-splits", options.gemv_splits,
-                   "Also time the gemv strategy with these CTA counts forced (M <= 16 only)")
+                   "Also time the gemv strategy with these K splits forced (M <= 16 only)")
       ->delimiter(',')
       ->check(CLI::PositiveNumber);
   gemm->add_option("--l2-flush", l2_flush,

@@ -31,8 +31,11 @@ struct W4A16BenchOptions {
   // Extra rows "lowbit_wgmma_r<R>" with the wgmma tile forced to R rows (16..256;
   // tiles more than twice M are skipped), to measure the tile choice of auto.
   std::vector<int> wgmma_tiles;
-  // Extra rows "lowbit_gemv_s<S>" with the gemv strategy's grid forced to S
-  // CTAs, M <= 16.
+  // Strategy names (w4a16_strategy_name) to time; empty = every strategy the
+  // device runs. cuBLAS FP16 is always timed: it is the baseline.
+  std::vector<std::string> strategies;
+  // Extra rows "lowbit_gemv_s<S>" with the gemv strategy's K split forced to
+  // S, M <= 16.
   std::vector<int> gemv_splits;
   // Evict L2 between calls by reading a large buffer (clean lines) rather
   // than writing it (dirty lines whose write-back the timed call pays; the
