@@ -2,10 +2,13 @@
 // the decoder over stacked rows, and the Backend that `lowbit generate` uses.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <map>
 #include <numeric>
 #include <sstream>
 #include <string>
+#include <tuple>
 
 #include "lowbit/core/error.h"
 #include "lowbit/core/half.h"
@@ -268,6 +271,46 @@ CudaEngine::CudaEngine(const DeviceModel& model, const CudaEngineOptions& option
   cache_ = std::make_unique<kv::DeviceKvCache>(kc);
   for (int64_t p = kc.num_pages - 1; p >= 0; --p) free_pages_.push_back(static_cast<int32_t>(p));
   LOWBIT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  if (options.tune_decode_gemms) tune_decode_gemms();
+}
+
+void CudaEngine::tune_decode_gemms() {
+  // A model has four or five distinct layer shapes; each is timed once.
+  std::vector<const DeviceLinear*> linears;
+  for (const DeviceLayer& L : model_.layers)
+    for (const DeviceLinear* d : {&L.qkv, &L.o, &L.gate_up, &L.down}) linears.push_back(d);
+  linears.push_back(&model_.lm_head);
+  std::map<std::tuple<int64_t, int64_t, int>, W4A16Options> by_shape;
+  for (const DeviceLinear* d : linears) {
+    if (!d->w4) continue;
+    const auto key = std::make_tuple(d->K, d->N, d->w4->group_size());
+    auto it = by_shape.find(key);
+    if (it == by_shape.end()) {
+      W4A16Tuning t;
+      try {
+        t = w4a16_tune(*d->w4, 1, w4_workspace_, stream_);
+      } catch (const Error& e) {
+        // Not enough device memory for the timing buffers: keep `auto`.
+        (void)cudaGetLastError();
+        decode_gemm_choices_.push_back(std::to_string(d->K) + " x " + std::to_string(d->N) +
+                                       ": auto (not tuned: " + e.what() + ")");
+        it = by_shape.emplace(key, W4A16Options{}).first;
+        decode_gemm_[d] = it->second;
+        continue;
+      }
+      std::string line = std::to_string(d->K) + " x " + std::to_string(d->N) + ": ";
+      for (const auto& [name, us] : t.candidates) {
+        char cell[64];
+        std::snprintf(cell, sizeof cell, "%s%s %.1f us", line.back() == ' ' ? "" : ", ", name.c_str(), us);
+        line += cell;
+      }
+      const W4A16Plan plan = w4a16_plan(1, *d->w4, t.best);
+      line += std::string(" -> ") + w4a16_strategy_name(plan.strategy) + " split " + std::to_string(plan.split_k);
+      decode_gemm_choices_.push_back(line);
+      it = by_shape.emplace(key, t.best).first;
+    }
+    decode_gemm_[d] = it->second;
+  }
 }
 
 CudaEngine::~CudaEngine() {
@@ -358,8 +401,13 @@ void CudaEngine::ensure_capacity(int64_t tokens, int64_t logit_rows) {
 
 void CudaEngine::linear(const DeviceLinear& w, const void* x, int64_t M, void* y) {
   if (w.w4) {
+    W4A16Options options;
+    if (M == 1) {
+      const auto it = decode_gemm_.find(&w);
+      if (it != decode_gemm_.end()) options = it->second;
+    }
     w4a16_gemm(dev(const_cast<void*>(x), DType::f16, {M, w.K}), *w.w4, dev(y, DType::f16, {M, w.N}),
-               w4_workspace_, {}, stream_);
+               w4_workspace_, options, stream_);
   } else {
     const void* weights = w.dense.data() != nullptr ? w.dense.data() : model_.embed.data();
     cuda::gemm_f16_cublas(cublas_.get(), x, weights, y, M, w.N, w.K, stream_, cuda::WeightLayout::nk);

@@ -133,6 +133,7 @@ void run_model_benchmark(const ModelBenchOptions& options) {
     const double weight_bytes = static_cast<double>(model.bytes_per_token());
     std::printf("   %s; one step reads %.2f GB of weights\n", model.describe().c_str(), weight_bytes / 1e9);
     for (const std::string& kv_name : options.kv) {
+      bool printed_choices = false;
       for (int batch : options.batches) {
         for (int64_t context : options.contexts) {
           const std::string label = weights + " weights, " + kv_name + " KV, batch " + std::to_string(batch) +
@@ -141,11 +142,17 @@ void run_model_benchmark(const ModelBenchOptions& options) {
           eo.k_format = eo.v_format = kv_format_named(kv_name);
           eo.max_sequences = batch;
           eo.max_tokens = context + 1;
+          eo.tune_decode_gemms = options.tune_gemms;
           std::unique_ptr<CudaEngine> engine;
           try {
             size_t free_bytes = 0, total_bytes = 0;
             LOWBIT_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
             engine = std::make_unique<CudaEngine>(model, eo);
+            if (batch == 1 && !printed_choices) {
+              for (const std::string& line : engine->decode_gemm_choices())
+                std::printf("   single-row GEMM, %s\n", line.c_str());
+              printed_choices = true;
+            }
             std::vector<StepRow> rows;
             for (int b = 0; b < batch; ++b) {
               const int seq = engine->add_sequence();

@@ -29,11 +29,15 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/cublas_check.h"
 #include "lowbit/cuda/random.h"
+#include "lowbit/cuda/timer.h"
 #include "lowbit/w4a16/w4a16_layout.h"
 #include "w4a16_device.cuh"
 #include "w4a16_gemv.h"
@@ -836,6 +840,49 @@ void w4a16_gemm(const TensorView& x, const W4A16Weights& w, const TensorView& y,
     else
       launch_fused_rows<half, false>(args, plan.rows_per_pass, grid, stream);
   }
+}
+
+W4A16Tuning w4a16_tune(const W4A16Weights& w, int64_t M, W4A16Workspace& workspace, cudaStream_t stream, int reps) {
+  LOWBIT_CHECK_ARG(M >= 1, "M", M, "at least 1");
+  LOWBIT_CHECK_ARG(reps >= 1, "reps", reps, "at least 1");
+  W4A16Tuning tuning;
+  std::vector<std::pair<std::string, W4A16Options>> candidates = {{"auto", W4A16Options{}}};
+  if (M <= w4a16_detail::kGemvRowsPerPass) {
+    candidates.emplace_back("gemv", W4A16Options{W4A16Strategy::gemv, 0});
+    const int iters = static_cast<int>(w.K_padded() / 64);
+    for (int split : {1, 2, 4, 8, 12, 16})
+      if (split <= iters && split >= w4a16_detail::gemv_min_split(M, iters, w.device()))
+        candidates.emplace_back("gemv_s" + std::to_string(split), W4A16Options{W4A16Strategy::gemv, split});
+  }
+  if (candidates.size() == 1) {
+    tuning.best = candidates[0].second;
+    return tuning;
+  }
+  cuda::DeviceGuard guard(w.device());
+  // The kernels take the same time whatever the values: x is random fp16 bits
+  // (finite as bf16 too), y is overwritten.
+  Buffer x(static_cast<size_t>(M * w.K()) * 2, Device::cuda, w.device());
+  Buffer y(static_cast<size_t>(M * w.N()) * 2, Device::cuda, w.device());
+  cuda::fill_random_f16(x.data(), static_cast<size_t>(M * w.K()), 17, 1.0f, stream);
+  const TensorView xv = TensorView::contiguous(x.data(), w.act_dtype(), {M, w.K()}, Device::cuda);
+  const TensorView yv = TensorView::contiguous(y.data(), w.act_dtype(), {M, w.N()}, Device::cuda);
+  cuda::CudaTimerOptions timer;
+  timer.warmup = 2;
+  timer.reps = reps;
+  timer.flush_by_reading = true;
+  timer.stream = stream;
+  double best_us = 0;
+  for (const auto& [name, options] : candidates) {
+    const double us = cuda::time_cuda([&](cudaStream_t s) { w4a16_gemm(xv, w, yv, workspace, options, s); }, timer)
+                          .median_us;
+    tuning.candidates.emplace_back(name, us);
+    if (tuning.candidates.size() == 1 || us < best_us) {
+      best_us = us;
+      tuning.best = options;
+    }
+  }
+  LOWBIT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return tuning;
 }
 
 }  // namespace lowbit

@@ -193,6 +193,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   const int x_row = min(g, rows - 1);  // n = g of the mma; columns past the pass are never stored
   const int row_a = min(2 * t, rows - 1), row_b = min(2 * t + 1, rows - 1);
+  const bool single_row = rows == 1;
   constexpr float kBias = kCodeBias<T>;
   int slot = 0;
   for (int it = i0; it < i1; ++it) {
@@ -219,22 +220,27 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
       const uint32_t b[2] = {xw[2 * j], xw[2 * j + 1]};
       mma_16816<T>(d[kTwoGroups && j >= 2 ? 1 : 0], a, b);
     }
-    const float4 sa = sums[row_a * range_max + il], sb = sums[row_b * range_max + il];
-    auto fold = [&](const float (&dd)[4], uint32_t w0, uint32_t w1, float sa_staged, float sa_raw, float sb_staged,
-                    float sb_raw) {
+    // acc[e] += s * (dot - bias * S') + offset * X for the lane's columns and
+    // rows; at M = 1 only D column 0 (acc[0], acc[2]) is real, and the fold
+    // skips the other row (an uniform branch: fewer instructions per byte).
+    const float4 sa = sums[row_a * range_max + il];
+    auto fold = [&](const float (&dd)[4], uint32_t w0, uint32_t w1, float2 a, float2 b) {
       float s0, o0, s1, o1;
       column_scale_offset<T, kFloatZero>(w0, s0, o0);
       column_scale_offset<T, kFloatZero>(w1, s1, o1);
-      acc[0] += s0 * (dd[0] - kBias * sa_staged) + o0 * sa_raw;
-      acc[1] += s0 * (dd[1] - kBias * sb_staged) + o0 * sb_raw;
-      acc[2] += s1 * (dd[2] - kBias * sa_staged) + o1 * sa_raw;
-      acc[3] += s1 * (dd[3] - kBias * sb_staged) + o1 * sb_raw;
+      acc[0] += s0 * (dd[0] - kBias * a.x) + o0 * a.y;
+      acc[2] += s1 * (dd[2] - kBias * a.x) + o1 * a.y;
+      if (!single_row) {
+        acc[1] += s0 * (dd[1] - kBias * b.x) + o0 * b.y;
+        acc[3] += s1 * (dd[3] - kBias * b.x) + o1 * b.y;
+      }
     };
+    const float4 sb = single_row ? sa : sums[row_b * range_max + il];
     if constexpr (kTwoGroups) {
-      fold(d[0], sc[0], sc[1], sa.x, sa.y, sb.x, sb.y);
-      fold(d[1], sc[2], sc[3], sa.z, sa.w, sb.z, sb.w);
+      fold(d[0], sc[0], sc[1], make_float2(sa.x, sa.y), make_float2(sb.x, sb.y));
+      fold(d[1], sc[2], sc[3], make_float2(sa.z, sa.w), make_float2(sb.z, sb.w));
     } else {
-      fold(d[0], sc[0], sc[1], sa.x + sa.z, sa.y + sa.w, sb.x + sb.z, sb.y + sb.w);
+      fold(d[0], sc[0], sc[1], make_float2(sa.x + sa.z, sa.y + sa.w), make_float2(sb.x + sb.z, sb.y + sb.w));
     }
   }
   cp_async_wait<0>();

@@ -13,6 +13,8 @@
 #include "error_matchers.h"
 #include "gpu_test_util.h"
 #include "lowbit/core/error.h"
+#include "lowbit/core/half.h"
+#include "lowbit/cuda/check.h"
 #include "lowbit/engine/backend.h"
 #include "lowbit/engine/cuda_engine.h"
 #include "lowbit/engine/weights.h"
@@ -173,6 +175,49 @@ TEST(CudaEngine, PrefillBesideAnotherPromptEqualsAlone) {
       EXPECT_LE(max_rel_error(row, one), test::kCudaEngineBatchRelError)
           << kv_storage_name(storage) << " prompt of " << length << " tokens";
     }
+}
+
+// With tune_decode_gemms the single-row steps run the fastest W4A16 plan
+// timed at construction: every w4 layer shape is listed, and a prefill plus
+// decode steps agree with an untuned engine (fp16 KV; the plans differ only
+// in rounding).
+TEST(CudaEngine, TunedDecodeGemmsListTheirChoiceAndAgree) {
+  LOWBIT_REQUIRE_GPU();
+  const Model model = make_random_model(tiny_config(Architecture::llama), 9, WeightMode::w4, 0.08f);
+  const DeviceModel device_model = DeviceModel::upload(model, false);
+  CudaEngineOptions options;
+  options.k_format = options.v_format = kv::KvFormat::fp16;
+  options.max_tokens = 32;
+  CudaEngine plain(device_model, options);
+  options.tune_decode_gemms = true;
+  CudaEngine tuned(device_model, options);
+  EXPECT_TRUE(plain.decode_gemm_choices().empty());
+  // qkv and gate/up 256 x 1024, o and down 512 x 256 (and the lm_head when it is w4).
+  ASSERT_GE(tuned.decode_gemm_choices().size(), 2u);
+  for (const std::string& line : tuned.decode_gemm_choices()) EXPECT_NE(line.find(" -> "), std::string::npos) << line;
+  const std::vector<int32_t> prompt = {3, 14, 15, 92, 65};
+  std::vector<std::vector<float>> out[2];
+  CudaEngine* engines[2] = {&plain, &tuned};
+  for (int k = 0; k < 2; ++k) {
+    CudaEngine& e = *engines[k];
+    const int seq = e.add_sequence();
+    std::vector<int32_t> tokens = prompt;
+    for (int step = 0; step < 4; ++step) {
+      const int64_t n = static_cast<int64_t>(tokens.size());
+      const std::vector<StepRow> rows = {{seq, e.extend(seq, n), n}};
+      e.step(rows, tokens, false);
+      LOWBIT_CUDA_CHECK(cudaStreamSynchronize(e.stream()));
+      const TensorView logits = e.logits();
+      std::vector<uint16_t> bits(static_cast<size_t>(model.config.vocab));
+      Buffer::copy(bits.data(), Device::cpu, logits.data, Device::cuda, bits.size() * 2);
+      std::vector<float> row(bits.size());
+      for (size_t i = 0; i < bits.size(); ++i) row[i] = f16_to_float(f16::from_bits(bits[i]));
+      out[k].push_back(row);
+      tokens = {static_cast<int32_t>(10 + step)};  // the same next token for both
+    }
+  }
+  for (size_t step = 0; step < out[0].size(); ++step)
+    EXPECT_LE(max_rel_error(out[1][step], out[0][step]), test::kCudaEngineBatchRelError) << "step " << step;
 }
 
 TEST(CudaEngine, RejectsWhatItCannotRun) {

@@ -42,6 +42,9 @@ void add_bench_model_command(CLI::App& bench) {
   model->add_option("--reps", options.reps, "Timed decode steps per point")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  model->add_flag("!--no-gemm-tuning", options.tune_gemms,
+                  "Run single-row W4A16 GEMMs with auto's plan instead of the fastest one timed per layer shape "
+                  "when the engine is made");
   model->add_flag("!--no-graphs", options.graphs,
                   "Time decode steps launched eagerly, not replayed as CUDA graphs");
   model->add_flag("--breakdown", options.breakdown,

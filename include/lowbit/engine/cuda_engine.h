@@ -19,6 +19,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -87,6 +88,12 @@ struct CudaEngineOptions {
   int64_t max_tokens = 4096;  // per sequence
   int max_sequences = 1;
   uint64_t rotation_seed = kv::kDefaultRotationSeedBase;
+  // Time the W4A16 kernels once per distinct w4 layer shape at one row
+  // (w4a16_tune, a few ms each at construction) and run single-row steps
+  // with the fastest. Off by default: the choice depends on timings, and the
+  // kernels round differently, so two runs could differ in the last bits
+  // (`lowbit bench model` turns it on; its output lists the choices).
+  bool tune_decode_gemms = false;
 };
 
 // One row of a step: `n` new tokens of sequence `seq` at positions
@@ -140,6 +147,9 @@ class CudaEngine {
   CudaEngine& operator=(const CudaEngine&) = delete;
 
   const DeviceModel& model() const { return model_; }
+  // One line per tuned layer shape: "K x N: <chosen> (<candidate> <us> ...)";
+  // empty when nothing was tuned.
+  const std::vector<std::string>& decode_gemm_choices() const { return decode_gemm_choices_; }
   const kv::DeviceKvCache& cache() const { return *cache_; }
   cudaStream_t stream() const { return stream_; }
   int64_t kv_bytes_per_token() const;  // all layers, K and V
@@ -192,6 +202,10 @@ class CudaEngine {
     if (breakdown_ != nullptr) breakdown_->mark(stage, stream_);
   }
   W4A16Workspace w4_workspace_;
+  // Single-row options per w4 linear (tune_decode_gemms), and what was measured.
+  std::map<const DeviceLinear*, W4A16Options> decode_gemm_;
+  std::vector<std::string> decode_gemm_choices_;
+  void tune_decode_gemms();
   kv::AttentionWorkspace attention_workspace_;
   // Pages: a free list and each live sequence's table and length.
   std::vector<int32_t> free_pages_;

@@ -40,7 +40,10 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "lowbit/core/tensor.h"
 #include "lowbit/formats/quantized_linear.h"
@@ -137,7 +140,7 @@ struct W4A16Options {
 // What a call runs: the strategy, the K split and the rows per pass.
 struct W4A16Plan {
   W4A16Strategy strategy;
-  int split_k;        // split-K, wgmma: CTAs per tile along K; stream-K, gemv: CTAs in the wave
+  int split_k;        // split-K, wgmma, gemv: CTAs per tile along K; stream-K: CTAs in the wave
   int rows_per_pass;  // 16, 32 or 64 (wgmma: 16, 32, 64, 128 or 256; gemv: 8); larger M takes several passes
 };
 W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& options = {});
@@ -149,5 +152,24 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
 // or alignment. Asynchronous on `stream`.
 void w4a16_gemm(const TensorView& x, const W4A16Weights& w, const TensorView& y, W4A16Workspace& workspace,
                 const W4A16Options& options = {}, cudaStream_t stream = nullptr);
+
+// What w4a16_tune measured: the fastest options and, for each candidate,
+// its name ("auto", "gemv_s<split>") and median time in microseconds.
+struct W4A16Tuning {
+  W4A16Options best;
+  std::vector<std::pair<std::string, double>> candidates;
+};
+
+// Times, for M rows on w's device, the plan `auto` picks and the gemv
+// strategy at K splits 1, 2, 4, 8, 12 and 16 and its own choice (M <= 8;
+// larger M gets `auto` untimed), on random activations, L2 evicted by reading
+// between calls (the state a decode step finds: the previous layer's
+// weights), median of `reps` calls each; returns the fastest. No single split
+// rule fits every shape (docs/w4a16-gemm.md, "v7"), so callers that run one
+// shape many times (the CUDA engine, once per distinct layer shape at load)
+// measure instead. Takes a few milliseconds and a 256 MB flush buffer; runs
+// on `stream` and synchronizes it.
+W4A16Tuning w4a16_tune(const W4A16Weights& w, int64_t M, W4A16Workspace& workspace, cudaStream_t stream = nullptr,
+                       int reps = 10);
 
 }  // namespace lowbit
