@@ -197,10 +197,10 @@ void check_device(const std::string& device) {
 
 std::unique_ptr<Backend> make_backend(const std::string& device, const Model& model, const CpuBackendOptions& options) {
   check_device(device);
-  if (device == "cuda") return make_cuda_backend(model, options.kv);
+  if (device == "cuda") return make_cuda_backend(model, options.kv, false, options.tune_gemms);
   if (device == "auto" && cuda_device_count() > 0) {
     try {
-      return make_cuda_backend(model, options.kv);
+      return make_cuda_backend(model, options.kv, false, options.tune_gemms);
     } catch (const Error& e) {
       if (e.kind() != ErrorKind::unsupported) throw;
       // A model the CUDA kernels do not cover (e.g. head_dim 64) runs on the CPU.

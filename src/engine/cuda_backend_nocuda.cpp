@@ -5,7 +5,7 @@
 
 namespace lowbit::engine {
 
-std::unique_ptr<Backend> make_cuda_backend(const Model&, const KvOptions&, bool) {
+std::unique_ptr<Backend> make_cuda_backend(const Model&, const KvOptions&, bool, bool) {
   fail(ErrorKind::unsupported, "--device cuda: this lowbit was built without CUDA");
 }
 

@@ -641,10 +641,10 @@ class DeviceKvAccounting final : public KvStore {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(const Model& model, const KvOptions& kv, bool quantize_dense_to_w4)
+  CudaBackend(const Model& model, const KvOptions& kv, bool quantize_dense_to_w4, bool tune_gemms)
       : model_(model),
         device_model_(DeviceModel::upload(model, quantize_dense_to_w4)),
-        engine_(device_model_, engine_options(kv)),
+        engine_(device_model_, engine_options(kv, tune_gemms)),
         accounting_(engine_, kv.describe() + " on the device"),
         max_tokens_(kv.max_tokens) {}
 
@@ -692,9 +692,10 @@ class CudaBackend final : public Backend {
   const Model& model() const override { return model_; }
 
  private:
-  static CudaEngineOptions engine_options(const KvOptions& kv) {
+  static CudaEngineOptions engine_options(const KvOptions& kv, bool tune_gemms) {
     kv.validate();
     CudaEngineOptions o;
+    o.tune_decode_gemms = tune_gemms;
     o.k_format = to_kv_format(kv.k);
     o.v_format = to_kv_format(kv.v);
     o.max_tokens = kv.max_tokens;
@@ -713,10 +714,10 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cuda_backend(const Model& model, const KvOptions& kv,
-                                           bool quantize_dense_to_w4) {
+std::unique_ptr<Backend> make_cuda_backend(const Model& model, const KvOptions& kv, bool quantize_dense_to_w4,
+                                           bool tune_gemms) {
   if (cuda_device_count() == 0) fail(ErrorKind::unsupported, "--device cuda: no CUDA device is visible");
-  return std::make_unique<CudaBackend>(model, kv, quantize_dense_to_w4);
+  return std::make_unique<CudaBackend>(model, kv, quantize_dense_to_w4, tune_gemms);
 }
 
 StepBreakdown::~StepBreakdown() {

@@ -77,6 +77,10 @@ void add_model_run_options(CLI::App& cmd, ModelRunOptions& o) {
   cmd.add_option("--kv-v", o.kv_v, "V format (overrides --kv)")->check(formats);
   cmd.add_option("--threads", o.threads, "CPU threads (default: LOWBIT_NUM_THREADS or all cores)")
       ->check(CLI::NonNegativeNumber);
+  cmd.add_flag("--tune-gemms", o.tune_gemms,
+               "CUDA: time the 4-bit GEMM kernels per layer shape when the model is loaded (a few ms each) and "
+               "decode single sequences with the fastest (faster; the last bits of the logits may then differ "
+               "from run to run)");
 }
 
 fs::path model_path(const ModelRunOptions& o) {
@@ -91,6 +95,7 @@ engine::CpuBackendOptions backend_options(const ModelRunOptions& o) {
   b.kv.k = kv_option(o.kv_k.empty() ? o.kv : o.kv_k, "--kv-k");
   b.kv.v = kv_option(o.kv_v.empty() ? o.kv : o.kv_v, "--kv-v");
   b.threads = o.threads;
+  b.tune_gemms = o.tune_gemms;
   engine::check_device(o.device);
   return b;
 }

@@ -46,6 +46,9 @@ class Backend {
 struct CpuBackendOptions {
   KvOptions kv;
   int threads = 0;  // 0: lowbit::num_threads()
+  // make_backend on CUDA: time the W4A16 kernels per layer shape for
+  // single-row steps when the engine is made (CudaEngineOptions::tune_decode_gemms).
+  bool tune_gemms = false;
 };
 
 // The model must outlive the backend.
@@ -56,7 +59,9 @@ std::unique_ptr<Backend> make_cpu_backend(const Model& model, const CpuBackendOp
 // device in kv.k / kv.v formats (fp16, tq4, tq3, tq2). Throws
 // Error(unsupported) in a build without CUDA, on a machine without a GPU, and
 // for models the CUDA kernels do not cover (head_dim != 128, attention biases).
-std::unique_ptr<Backend> make_cuda_backend(const Model& model, const KvOptions& kv, bool quantize_dense_to_w4 = false);
+// tune_gemms: CudaEngineOptions::tune_decode_gemms.
+std::unique_ptr<Backend> make_cuda_backend(const Model& model, const KvOptions& kv, bool quantize_dense_to_w4 = false,
+                                           bool tune_gemms = false);
 
 // --device: "cpu", "cuda", or "auto" (the CUDA backend when this build and
 // machine have a GPU and its kernels cover the model, else the CPU).
