@@ -30,12 +30,15 @@
 //   - Launched with programmatic dependent launch (lowbit/cuda/pdl.cuh): the
 //     first stages' weights and scales are requested before waiting for the
 //     previous kernel; x, y and the workspace only after.
-// Measured on the H100 (docs/w4a16-gemm.md, "v7"): at M = 1 it beats the
-// wgmma kernel on the widest layers (llama70-gateup 111 vs 117 us: 2.2 TB/s)
-// and loses on the others (geometric mean 2.04x cuBLAS against 2.25x); from
-// M = 4 its per-row fold and x staging cost more than wgmma's 16-row tile.
-// It replaced a bulk-copy stream-K kernel (1.71x at M = 1), runs on sm_80,
-// and `auto` does not choose it.
+// Measured on the H100 (docs/w4a16-gemm.md, "v7"): at M = 1, with L2
+// evicted by writing (as the peers' anchors), it beats the wgmma kernel on
+// the widest layers (llama70-gateup 110.8 vs 119.1 us: 2.25 TB/s) and loses
+// on the others (geometric mean 2.05x cuBLAS against 2.19x); with clean L2
+// (a decode step's state) it wins on most Qwen3-14B layers at the right K
+// split, which w4a16_tune finds per shape. From M = 4 its per-row fold and x
+// staging cost more than wgmma's 16-row tile. It replaced a bulk-copy
+// stream-K kernel (1.71x at M = 1), runs on sm_80, and `auto` does not
+// choose it.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -72,7 +75,9 @@ struct GemvSmem {
   __host__ __device__ int bytes() const { return sums_offset() + rows * range * 16; }
 };
 
-// Weights are read exactly once: cp.async.cg bypasses L1.
+// The scale/zero words: 4-byte copies (cp.async.cg, which the weights use
+// to bypass L1, moves only 16 bytes); through L1, the second k-iteration of
+// a 128-row group finds its words there.
 __device__ __forceinline__ void cp_async4(void* dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_address(dst)), "l"(src));
 }
@@ -222,7 +227,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
     }
     // acc[e] += s * (dot - bias * S') + offset * X for the lane's columns and
     // rows; at M = 1 only D column 0 (acc[0], acc[2]) is real, and the fold
-    // skips the other row (an uniform branch: fewer instructions per byte).
+    // skips the other row (a uniform branch: fewer instructions per byte).
     const float4 sa = sums[row_a * range_max + il];
     auto fold = [&](const float (&dd)[4], uint32_t w0, uint32_t w1, float2 a, float2 b) {
       float s0, o0, s1, o1;

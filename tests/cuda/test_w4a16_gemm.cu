@@ -215,12 +215,13 @@ TEST(W4A16Gemm, LargeLayerAtDecodeShapes) {
 }
 
 // The gemv strategy (128-column blocks, K split over the CTAs of a block):
-// every row count of a pass (1..8) and several passes; K splits summed
-// through a thread block cluster (3, 7: up to 8 on compute capability 9.0)
-// and through global partials and a counter (more than 8: 200 is clamped to
-// one k-iteration per CTA); blocks wider than N (N = 64 .. 200) and a narrow
-// last block (N = 1100); group 32 (two scale groups per k-iteration), bf16,
-// float zero-point, odd K and N; and the reduction repeats bit for bit.
+// every row count of a pass (1..8) and several passes; K splits that cut
+// the k-iterations unevenly (3, 7, 12) and one k-iteration per CTA (200 is
+// clamped to that), their partials summed by the last CTA of a block in the
+// shared memory its ring used (in chunks when they do not fit at once);
+// blocks wider than N (N = 64 .. 200) and a narrow last block (N = 1100);
+// group 32 (two scale groups per k-iteration), bf16, float zero-point, odd K
+// and N; and the reduction repeats bit for bit.
 TEST(W4A16Gemm, GemvEveryRowCountAndSplit) {
   LOWBIT_REQUIRE_GPU();
   W4A16Workspace ws;
