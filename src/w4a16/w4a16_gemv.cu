@@ -16,9 +16,10 @@
 //     the rows of x as its n = 8 columns, raw: one LOP3 turns a register
 //     pair into 1024 + q (fp16; 1024 + 16q for the codes in bits 4..7, which
 //     meet x / 16) or 128 + q (bf16). Scale and zero point are applied once
-//     per 64 rows and column, in fp32, from per-row sums of x computed when x
-//     is staged: y += s * (dot - bias * S') + offset * X. No per-weight
-//     subtraction or multiply, and no 16-bit rounding of the weights.
+//     per window of up to 4 k-iterations of one group and column, in fp32,
+//     from per-row sums of x computed when x is staged:
+//     y += s * (dot - bias * S') + offset * X. No per-weight subtraction or
+//     multiply, and no 16-bit rounding of the weights.
 //   - x is staged once per CTA for its K range, already in the fragment
 //     order (two 16-byte shared loads per lane and iteration).
 //   - K is split over the CTAs of a column block; the last CTA of a block (a
@@ -35,7 +36,8 @@
 // the widest layers (llama70-gateup 110.8 vs 119.1 us: 2.25 TB/s) and loses
 // on the others (geometric mean 2.05x cuBLAS against 2.19x); with clean L2
 // (a decode step's state) it wins on most Qwen3-14B layers at the right K
-// split, which w4a16_tune finds per shape. From M = 4 its per-row fold and x
+// split, which w4a16_tune finds per shape. (Geometric mean 2.10x after the
+// fold windows.) From M = 4 its per-row fold and x
 // staging cost more than wgmma's 16-row tile. It replaced a bulk-copy
 // stream-K kernel (1.71x at M = 1), runs on sm_80, and `auto` does not
 // choose it.
@@ -61,10 +63,17 @@ constexpr int kWarps = 8;  // column strips (16 columns) per CTA
 constexpr int kThreads = kWarps * 32;
 constexpr int kDepth = 6;  // k-iterations in flight per thread
 constexpr int kMinCtasPerSm = 5;
+// The scale and zero point are applied once per window of up to 4
+// k-iterations of one group (2 for group 128, 4 for 256 and per channel, 1
+// for 64 and 32): the mma accumulates the raw codes across the window.
+// Longer windows would let the raw sums (~1024 x the x sums) grow until the
+// tensor cores' accumulation rounding shows.
+constexpr int kFoldShiftMax = 2;
 
 // Shared memory of a CTA: the per-thread rings, then x staged in fragment
 // order ([row][iteration][t][16 halves]), then per row and iteration the sums
-// (S' and X of rows k0..k0+31, then of k0+32..k0+63) the fold needs.
+// (S' and X of rows k0..k0+31, then of k0+32..k0+63) the fold needs, then
+// the same summed over each fold window (kFoldIters below).
 struct GemvSmem {
   int scale_words;  // 2 (one group per iteration) or 4 (group 32: two)
   int rows, range;  // rows of x in the pass, k-iterations of the longest range
@@ -72,14 +81,18 @@ struct GemvSmem {
   __host__ __device__ int ring_scales_bytes() const { return kDepth * kThreads * 4 * scale_words; }
   __host__ __device__ int x_offset() const { return ring_codes_bytes() + ring_scales_bytes(); }
   __host__ __device__ int sums_offset() const { return x_offset() + rows * range * 128; }
-  __host__ __device__ int bytes() const { return sums_offset() + rows * range * 16; }
+  __host__ __device__ int window_sums_offset() const { return sums_offset() + rows * range * 16; }
+  __host__ __device__ int bytes() const { return window_sums_offset() + rows * range * 16; }
 };
 
 // The scale/zero words: 4-byte copies (cp.async.cg, which the weights use
 // to bypass L1, moves only 16 bytes); through L1, the second k-iteration of
 // a 128-row group finds its words there.
-__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_address(dst)), "l"(src));
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
+}
+__device__ __forceinline__ void cp_async16_bypass(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
 }
 
 template <typename T>
@@ -116,28 +129,43 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
   uint32_t* ring_scales = reinterpret_cast<uint32_t*>(smem + layout.ring_codes_bytes());
   uint32_t* xs = reinterpret_cast<uint32_t*>(smem + layout.x_offset());
   float4* sums = reinterpret_cast<float4*>(smem + layout.sums_offset());
+  float4* window_sums = reinterpret_cast<float4*>(smem + layout.window_sums_offset());
+  const int fold_shift = kTwoGroups ? 0 : (args.group_shift < 0 ? kFoldShiftMax : min(kFoldShiftMax, args.group_shift - 6));
+  const int fold_mask = (1 << fold_shift) - 1;
+  // Whether k-iteration `it` ends a fold window (so its ring slot carries scales).
+  auto ends_window = [&](int it) { return ((it + 1) & fold_mask) == 0 || it + 1 == i1; };
 
-  // One k-iteration into ring slot `slot`: 16 bytes of codes and the
-  // scale/zero words of the lane's two columns (for group 32: of rows k0 and
-  // k0 + 32).
-  const uint4* codes = args.qweight + static_cast<int64_t>(strip) * 32 + lane;
+  // The k-iterations go into the ring in order, one per call: 16 bytes of
+  // codes and, for the last of a fold window, the scale/zero words of the
+  // lane's two columns (group 32: of rows k0 and k0 + 32). Addresses advance
+  // by addition: the 64-bit products and generic-to-shared conversions of a
+  // per-call computation were a third of the loop's instructions.
   const int64_t iter_stride = static_cast<int64_t>(strips) * 32;
-  auto issue = [&](int it, int slot) {
-    cp_async16(ring_codes + slot * kThreads + tid, codes + it * iter_stride, 16);
-    const int k0 = it * 64;
-    const uint32_t* sz = args.scale_zero + static_cast<int64_t>(args.group_shift < 0 ? 0 : k0 >> args.group_shift) *
-                                               args.N_pad;
-    uint32_t* dst = ring_scales + (slot * kThreads + tid) * kScaleWords;
-    cp_async4(dst, sz + col0);
-    cp_async4(dst + 1, sz + col1);
-    if constexpr (kTwoGroups) {
-      cp_async4(dst + 2, sz + args.N_pad + col0);
-      cp_async4(dst + 3, sz + args.N_pad + col1);
+  const uint4* next_codes = args.qweight + static_cast<int64_t>(strip) * 32 + lane + i0 * iter_stride;
+  const uint32_t* column_scales = args.scale_zero + col0;
+  const uint32_t ring_codes_addr = smem_address(ring_codes + tid);
+  const uint32_t ring_scales_addr = smem_address(ring_scales + tid * kScaleWords);
+  constexpr uint32_t kCodesSlotBytes = kThreads * 16, kScalesSlotBytes = kThreads * 4 * kScaleWords;
+  int next_it = i0;
+  auto issue = [&](int slot) {
+    cp_async16_bypass(ring_codes_addr + slot * kCodesSlotBytes, next_codes);
+    next_codes += iter_stride;
+    if (ends_window(next_it)) {
+      const int group = args.group_shift < 0 ? 0 : (next_it * 64) >> args.group_shift;
+      const uint32_t* sz = column_scales + static_cast<int64_t>(group) * args.N_pad;
+      const uint32_t dst = ring_scales_addr + slot * kScalesSlotBytes;
+      cp_async4(dst, sz);
+      cp_async4(dst + 4, sz + 8);
+      if constexpr (kTwoGroups) {
+        cp_async4(dst + 8, sz + args.N_pad);
+        cp_async4(dst + 12, sz + args.N_pad + 8);
+      }
     }
+    ++next_it;
   };
 #pragma unroll
   for (int u = 0; u < kDepth - 1; ++u) {
-    if (i0 + u < i1) issue(i0 + u, u);
+    if (i0 + u < i1) issue(u);
     cp_async_commit();
   }
 
@@ -191,6 +219,17 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
         *s = make_float2(staged_sum, raw_sum);
       }
     }
+    __syncthreads();
+    // The sums of each fold window, added in iteration order (the same bits
+    // on every run).
+    const int w0 = i0 >> fold_shift, windows = ((i1 - 1) >> fold_shift) - w0 + 1;
+    for (int e = tid; e < rows * windows; e += kThreads) {
+      const int row = e / windows, w = e % windows;
+      const int first = max(i0, (w0 + w) << fold_shift), last = min(i1, (w0 + w + 1) << fold_shift);
+      float4 total = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      for (int it = first; it < last; ++it) add_to(total, sums[row * range_max + it - i0]);
+      window_sums[row * range_max + w] = total;
+    }
   }
   __syncthreads();
 
@@ -200,10 +239,11 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
   const int row_a = min(2 * t, rows - 1), row_b = min(2 * t + 1, rows - 1);
   const bool single_row = rows == 1;
   constexpr float kBias = kCodeBias<T>;
+  const int w0 = i0 >> fold_shift;
+  float d[2][4] = {};  // [rows k0.. / k0+32..][D fragment] of the window; one accumulator unless group 32
   int slot = 0;
   for (int it = i0; it < i1; ++it) {
-    const int ahead = it + kDepth - 1;
-    if (ahead < i1) issue(ahead, slot == 0 ? kDepth - 1 : slot - 1);  // the slot read last iteration
+    if (next_it < i1) issue(slot == 0 ? kDepth - 1 : slot - 1);  // the slot read last iteration
     cp_async_commit();
     cp_async_wait<kDepth - 1>();
     const uint4 c = ring_codes[slot * kThreads + tid];
@@ -215,7 +255,6 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
     const uint4 xa = xv[0], xb = xv[1];
     const uint32_t xw[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
     const uint32_t words[4] = {c.x, c.y, c.z, c.w};
-    float d[2][4] = {};  // [rows k0.. / k0+32..][D fragment]; one accumulator unless group 32
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       uint32_t p[4];
@@ -225,22 +264,26 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
       const uint32_t b[2] = {xw[2 * j], xw[2 * j + 1]};
       mma_16816<T>(d[kTwoGroups && j >= 2 ? 1 : 0], a, b);
     }
+    if (!ends_window(it)) continue;  // uniform: the window's codes keep accumulating
     // acc[e] += s * (dot - bias * S') + offset * X for the lane's columns and
     // rows; at M = 1 only D column 0 (acc[0], acc[2]) is real, and the fold
     // skips the other row (a uniform branch: fewer instructions per byte).
-    const float4 sa = sums[row_a * range_max + il];
-    auto fold = [&](const float (&dd)[4], uint32_t w0, uint32_t w1, float2 a, float2 b) {
+    const int w = (it >> fold_shift) - w0;
+    const float4 sa = window_sums[row_a * range_max + w];
+    auto fold = [&](float (&dd)[4], uint32_t w0_word, uint32_t w1_word, float2 a, float2 b) {
       float s0, o0, s1, o1;
-      column_scale_offset<T, kFloatZero>(w0, s0, o0);
-      column_scale_offset<T, kFloatZero>(w1, s1, o1);
+      column_scale_offset<T, kFloatZero>(w0_word, s0, o0);
+      column_scale_offset<T, kFloatZero>(w1_word, s1, o1);
       acc[0] += s0 * (dd[0] - kBias * a.x) + o0 * a.y;
       acc[2] += s1 * (dd[2] - kBias * a.x) + o1 * a.y;
       if (!single_row) {
         acc[1] += s0 * (dd[1] - kBias * b.x) + o0 * b.y;
         acc[3] += s1 * (dd[3] - kBias * b.x) + o1 * b.y;
       }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dd[e] = 0.0f;
     };
-    const float4 sb = single_row ? sa : sums[row_b * range_max + il];
+    const float4 sb = single_row ? sa : window_sums[row_b * range_max + w];
     if constexpr (kTwoGroups) {
       fold(d[0], sc[0], sc[1], make_float2(sa.x, sa.y), make_float2(sb.x, sb.y));
       fold(d[1], sc[2], sc[3], make_float2(sa.z, sa.w), make_float2(sb.z, sb.w));
