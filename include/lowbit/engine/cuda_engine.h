@@ -147,8 +147,9 @@ class CudaEngine {
   CudaEngine& operator=(const CudaEngine&) = delete;
 
   const DeviceModel& model() const { return model_; }
-  // One line per tuned layer shape: "K x N: <chosen> (<candidate> <us> ...)";
-  // empty when nothing was tuned.
+  // One line per tuned layer shape, "K x N: <candidate> <time> us, ... ->
+  // <strategy> split <s>" (or "K x N: auto (not tuned: <why>)"); empty when
+  // nothing was tuned.
   const std::vector<std::string>& decode_gemm_choices() const { return decode_gemm_choices_; }
   const kv::DeviceKvCache& cache() const { return *cache_; }
   cudaStream_t stream() const { return stream_; }
