@@ -1,6 +1,7 @@
 #include "lowbit/cuda/timer.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <vector>
 
 #include "lowbit/core/error.h"
@@ -46,6 +47,10 @@ __global__ void read_buffer_kernel(const uint4* p, size_t n, unsigned* sink) {
 }  // namespace
 
 void read_device_buffer(const void* data, size_t bytes, unsigned* sink, cudaStream_t stream) {
+  // The kernel reads whole 16-byte vectors: a size or address off that grid
+  // would skip the tail or fault, so it is refused before anything launches.
+  LOWBIT_CHECK_ARG(bytes % 16 == 0, "bytes", bytes, "a multiple of 16");
+  LOWBIT_CHECK_ARG(reinterpret_cast<uintptr_t>(data) % 16 == 0, "data", data, "a 16-byte aligned device pointer");
   read_buffer_kernel<<<1024, 256, 0, stream>>>(static_cast<const uint4*>(data), bytes / 16, sink);
   LOWBIT_CUDA_CHECK_LAUNCH();
 }

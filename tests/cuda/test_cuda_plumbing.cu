@@ -191,6 +191,14 @@ TEST(CudaTimer, SpinKernelTimedWithinTolerance) {
   EXPECT_LE(t.median_us, t.p90_us);
 }
 
+// A buffer the 16-byte read kernel cannot cover exactly is refused before
+// anything is launched (no GPU needed for that).
+TEST(CudaTimer, ReadDeviceBufferRefusesSizesAndAddressesOffTheVectorGrid) {
+  alignas(16) static unsigned char host[64];
+  EXPECT_THROW(cuda::read_device_buffer(host, 17, nullptr, nullptr), Error);
+  EXPECT_THROW(cuda::read_device_buffer(host + 4, 32, nullptr, nullptr), Error);
+}
+
 // Both ways of evicting L2 evict it: a 24 MB read (it fits in the H100's
 // 50 MB L2) is slower after either flush than when it stays cached.
 TEST(CudaTimer, BothFlushModesEvictL2) {
