@@ -5,12 +5,13 @@
 // consumers doing no arithmetic: the ceiling those kernels are measured
 // against, independent of their dequantization. Rows:
 //   - bulk: a producer lane per CTA fills a ring of shared-memory stages with
-//     1-D bulk copies (cp.async.bulk, the wgmma and gemv kernels' path); eight
-//     consumer warps wait for each stage and release it. Chunks read in order
-//     ("contiguous") or in the gemv kernel's order over the tiled layout
+//     1-D bulk copies (cp.async.bulk, the wgmma kernel's path, and the v6
+//     gemv kernel's, since replaced: docs/w4a16-gemm.md); eight consumer
+//     warps wait for each stage and release it. Chunks read in order
+//     ("contiguous") or in that gemv kernel's order over the tiled layout
 //     ("tiled": a CTA walks k-iterations of one 512-column tile, 2 KB blocks
-//     of a k-iteration being contiguous), optionally with the gemv kernel's
-//     two small copies per stage (scales and x).
+//     of a k-iteration being contiguous), optionally with its two small
+//     copies per stage (scales and x).
 //   - ldg: plain 16-byte loads, several in flight per thread.
 // 134 MB (the 16384 x 16384 layer at 4 bits), L2 evicted between calls by
 // reading a buffer (lowbit/cuda/timer.h), median of 30.

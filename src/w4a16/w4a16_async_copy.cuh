@@ -1,7 +1,8 @@
-// What the sm_90 W4A16 kernels share to use the copy engine (the wgmma
-// kernel of w4a16_wgmma.cu, the decode kernel of w4a16_gemv.cu): the
-// host-side tensor map that describes x to it, and the primitives of
-// lowbit/cuda/async_copy.cuh. Included only by .cu files of this module.
+// What the sm_90a wgmma kernel (w4a16_wgmma.cu) needs to use the copy
+// engine: the host-side tensor map that describes x to it, and the
+// primitives of lowbit/cuda/async_copy.cuh. (The decode kernel of
+// w4a16_gemv.cu used them until v7; it now streams with per-thread cp.async.)
+// Included only by .cu files of this module.
 //
 // Why the copy engine: one thread can put kilobytes in flight with a handful
 // of instructions, where per-thread cp.async spends issue slots on address

@@ -1,6 +1,6 @@
 // What the host passes to the W4A16 kernels that take the problem whole (the
-// sm_90a wgmma kernel and the decode gemv kernel), internal to the module.
-// Plain C++ header.
+// sm_90a wgmma kernel and the decode gemv kernel, sm_80 and later), internal
+// to the module. Plain C++ header.
 #pragma once
 
 #include <cuda_runtime.h>
