@@ -141,6 +141,8 @@ void run_kv_attention_benchmark(const KvAttentionBenchOptions& options) {
   LOWBIT_CHECK_ARG(options.page_size >= kv::kMinPageSize && options.page_size <= kv::kMaxPageSize &&
                        options.page_size % kv::kPageSizeMultiple == 0,
                    "page_size", options.page_size, "a multiple of 16 in [16, 256]");
+  for (int64_t s : options.split_tokens)
+    LOWBIT_CHECK_ARG(s >= 16 && s % 16 == 0, "split_tokens", s, "positive multiples of 16");
   LOWBIT_CHECK_ARG(options.prefill_reps >= 1, "prefill_reps", options.prefill_reps, "at least 1");
   LOWBIT_CHECK_ARG(options.prefill_tokens >= 0 && options.prefill_tokens <= 65535, "prefill_tokens",
                    options.prefill_tokens, "0 (skip) to 65535");
@@ -186,32 +188,43 @@ void run_kv_attention_benchmark(const KvAttentionBenchOptions& options) {
         const Buffer q = random_floats(static_cast<size_t>(batch) * kQHeads * kHeadDim, 3);
         Buffer out(static_cast<size_t>(batch) * kQHeads * kHeadDim * 4, Device::cuda);
         kv::AttentionWorkspace ws;
-        const int64_t split = kv::decode_split_tokens(batch, kKvHeads, context, dev.sm_count);
-        bench::BenchRow row;
-        row.suite = "kv_decode_attention";
-        row.impl = impl;
-        row.shape = {{"batch", batch},        {"context", context},     {"q_heads", kQHeads},
-                     {"kv_heads", kKvHeads}, {"head_dim", kHeadDim}, {"page_size", options.page_size}};
-        row.bytes = static_cast<uint64_t>(batch) * static_cast<uint64_t>(context) * kKvHeads *
-                    static_cast<uint64_t>(2 * vec_bytes);
-        row.stats = cuda::time_cuda(
-            [&](cudaStream_t s) {
-              kv::device_decode_attention(cache, 0, tables, kQHeads, q.as<float>(), out.as<float>(), ws, {}, s);
-            },
-            timer);
-        const double sdpa = sdpa_anchor_us(batch, context);
-        row.extra = {{"kv_bytes_per_token", kKvHeads * 2 * vec_bytes},
-                     {"split_tokens", split},
-                     {"sdpa_fp16_anchor_us", sdpa},
-                     {"speedup_vs_sdpa", sdpa > 0 ? sdpa / row.stats.median_us : 0.0},
-                     {"copy_GBps", copy_GBps}};
-        if (json) json->write(row);
-        results[{batch, context}][impl] = Point{row.stats.median_us, row.GBps()};
-        std::printf("batch %2d context %6lld %-18s %9.1f us  %6.0f GB/s (%4.1f%% of copy)  split %lld  %s\n", batch,
-                    static_cast<long long>(context), impl, row.stats.median_us, row.GBps(),
-                    100.0 * row.GBps() / copy_GBps, static_cast<long long>(split),
-                    sdpa > 0 ? ("SDPA " + std::to_string(sdpa) + " us").c_str() : "");
-        std::fflush(stdout);
+        const int64_t auto_split = kv::decode_split_tokens(batch, kKvHeads, context, dev.sm_count);
+        // The chosen chunk length first, then each --split-tokens value (rows
+        // marked split_forced; the summary table uses the chosen one).
+        std::vector<int64_t> splits = {0};
+        for (int64_t s : options.split_tokens)
+          if (s != auto_split) splits.push_back(s);
+        for (const int64_t forced : splits) {
+          const int64_t split = forced > 0 ? forced : auto_split;
+          kv::DeviceDecodeOptions decode;
+          decode.split_tokens = forced;
+          bench::BenchRow row;
+          row.suite = "kv_decode_attention";
+          row.impl = impl;
+          row.shape = {{"batch", batch},        {"context", context},     {"q_heads", kQHeads},
+                       {"kv_heads", kKvHeads}, {"head_dim", kHeadDim}, {"page_size", options.page_size}};
+          row.bytes = static_cast<uint64_t>(batch) * static_cast<uint64_t>(context) * kKvHeads *
+                      static_cast<uint64_t>(2 * vec_bytes);
+          row.stats = cuda::time_cuda(
+              [&](cudaStream_t s) {
+                kv::device_decode_attention(cache, 0, tables, kQHeads, q.as<float>(), out.as<float>(), ws, decode, s);
+              },
+              timer);
+          const double sdpa = sdpa_anchor_us(batch, context);
+          row.extra = {{"kv_bytes_per_token", kKvHeads * 2 * vec_bytes},
+                       {"split_tokens", split},
+                       {"split_forced", forced > 0},
+                       {"sdpa_fp16_anchor_us", sdpa},
+                       {"speedup_vs_sdpa", sdpa > 0 ? sdpa / row.stats.median_us : 0.0},
+                       {"copy_GBps", copy_GBps}};
+          if (json) json->write(row);
+          if (forced == 0) results[{batch, context}][impl] = Point{row.stats.median_us, row.GBps()};
+          std::printf("batch %2d context %6lld %-18s %9.1f us  %6.0f GB/s (%4.1f%% of copy)  split %lld%s  %s\n", batch,
+                      static_cast<long long>(context), impl, row.stats.median_us, row.GBps(),
+                      100.0 * row.GBps() / copy_GBps, static_cast<long long>(split), forced > 0 ? " (forced)" : "",
+                      sdpa > 0 ? ("SDPA " + std::to_string(sdpa) + " us").c_str() : "");
+          std::fflush(stdout);
+        }
       }
 
   std::printf("\n==== decode attention, Qwen3-14B geometry (40/8 heads, d = 128), H100; us (median) ====\n");

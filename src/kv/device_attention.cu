@@ -1,12 +1,12 @@
 // Decode (and, through the same kernel, causal prefill) attention directly on
-// the paged TurboQuant cache. Three kernels per call, chained with
+// the paged TurboQuant cache. Two kernels per call, chained with
 // programmatic dependent launch:
 //  1. rotate_queries: q' = q @ M once per query head (never a key
 //     un-rotation), times softmax_scale * log2(e) so the softmax runs on exp2.
 //  2. attend<KF, VF>: one CTA of 8 warps (4 for fp16 K or V) per (row, KV
-//     head, KV chunk).
-//  3. merge: the exact log-sum-exp merge of the chunks, then out = o @ M^T
-//     once per output when V is stored rotated.
+//     head, KV chunk). With several chunks, the last CTA of a row and head
+//     to finish does the exact log-sum-exp merge of the chunks; then out =
+//     o @ M^T once per output when V is stored rotated.
 //
 // Why the attend kernel looks the way it does (bandwidth is the budget: at
 // batch 8 / 32k the tq4 cache is 277 MB, 92 us at 3 TB/s):
@@ -79,7 +79,9 @@ struct AttnArgs {
   const int32_t* lengths;
   int prefill_row;  // -1: decode (row r = sequence r, length lengths[r]); else prefill of that row
   int64_t first_pos;
-  const float* q;  // [rows][num_q_heads][d], rotated and scaled
+  const float* q;  // [rows][num_q_heads][d]: rotated and scaled when queries_rotated, else as given
+  bool queries_rotated;  // the rotation kernel ran just before (quantized K)
+  float q_scale;         // applied to q here: 1, or softmax_scale * log2(e) when not rotated
   int64_t split_tokens;
   int max_splits;
   float* part_out;  // [rows][num_q_heads][max_splits][d]
@@ -312,7 +314,24 @@ struct TileLayout {
   // ~2 KB: 8 warps share one copy of the 32 KB table, 2 CTAs per SM.
   static constexpr int kWarps = (KR + VR) * kTile >= 4096 ? 4 : 8;
   static constexpr int kStages = 3;
+  // A stage: K rows, V rows, then room for 16 fp32 scales of each quantized
+  // part (f16 scales use half of it): fixed offsets whatever the scale width.
+  static constexpr int kKScaleOffset = kTile * (KR + VR);
+  static constexpr int kVScaleOffset = kKScaleOffset + (quantized(KF) ? kTile * 4 : 0);
+  static constexpr int kStageBytes = kVScaleOffset + (quantized(VF) ? kTile * 4 : 0);
 };
+
+// A warp copies `bytes` (a multiple of 16) from src to dst in 16-byte pieces,
+// lane l taking pieces l, l + 32, ...: a fixed count per lane, so the loop
+// unrolls into straight-line cp.async.
+template <int kBytes>
+__device__ __forceinline__ void copy_pieces(uint8_t* dst, const std::byte* src, int lane) {
+  static_assert(kBytes % 16 == 0, "16-byte pieces");
+  constexpr int kPieces = kBytes / 16;
+#pragma unroll
+  for (int i = 0; i < (kPieces + 31) / 32; ++i)
+    if (kPieces % 32 == 0 || 32 * i + lane < kPieces) cp_async16(dst + 16 * (32 * i + lane), src + 16 * (32 * i + lane));
+}
 
 template <int KF, int VF>
 __global__ void __launch_bounds__(TileLayout<KF, VF>::kWarps * 32, 8 / TileLayout<KF, VF>::kWarps * 2)
@@ -339,46 +358,72 @@ __global__ void __launch_bounds__(TileLayout<KF, VF>::kWarps * 32, 8 / TileLayou
 
   const int g = lane >> 2, c = lane & 3;
   const int sb = a.scale_bytes;
-  const int k_sc = kTile * KR;
-  const int v_rows = k_sc + (quantized(KF) ? kTile * sb : 0);
-  const int v_sc = v_rows + kTile * VR;
-  const int stage_bytes = v_sc + (quantized(VF) ? kTile * sb : 0);
-  uint8_t* my_stages = stages + warp * S * stage_bytes;
+  uint8_t* my_stages = stages + warp * S * L::kStageBytes;
   const int32_t* table = a.tables + table_row * a.table_stride;
 
   const int tile_begin = t0 / kTile, tile_end = (t1 + kTile - 1) / kTile;
   const int first = tile_begin + warp;
   const int n_my = first < tile_end ? (tile_end - first + kWarps - 1) / kWarps : 0;
-  const unsigned tiles_per_page = static_cast<unsigned>(a.page_size / kTile);
+  const int tiles_per_page = a.page_size / kTile;
 
-  auto issue = [&](int i) {
-    const unsigned tile = static_cast<unsigned>(first + kWarps * i);
-    const unsigned page_index = tile / tiles_per_page;
-    const int32_t page = table[page_index];
-    const int slot = static_cast<int>(tile - page_index * tiles_per_page) * kTile;
-    const std::byte* slab = a.pool + (static_cast<int64_t>(page) * a.num_kv_heads + h) * a.slab_bytes;
-    uint8_t* dst = my_stages + (i % S) * stage_bytes;
-    auto copy = [&](const std::byte* src, uint8_t* d, int bytes) {
-      for (int off = 16 * lane; off < bytes; off += 16 * 32) cp_async16(d + off, src + off);
-    };
-    copy(slab + a.k_rows + slot * KR, dst, kTile * KR);
-    if (quantized(KF)) copy(slab + a.k_scales + slot * sb, dst + k_sc, kTile * sb);
-    copy(slab + a.v_rows + slot * VR, dst + v_rows, kTile * VR);
-    if (quantized(VF)) copy(slab + a.v_scales + slot * sb, dst + v_sc, kTile * sb);
+  // The staging side of the ring. Its first version spent ~150 of the loop's
+  // ~650 instructions per tile here: a division for the page, a modulo for
+  // the stage, and copy loops the compiler could not unroll (their trip
+  // count depended on the lane and on the runtime scale width). Now the
+  // page and slot advance by kWarps tiles without dividing, the next page
+  // number is loaded one issue ahead (its latency no longer stalls the
+  // copies), and every copy is a fixed number of 16-byte pieces per lane.
+  const std::byte* head_slabs = a.pool + static_cast<int64_t>(h) * a.slab_bytes;
+  const int64_t page_stride = int64_t{a.num_kv_heads} * a.slab_bytes;
+  int issue_page_index = first / tiles_per_page, issue_tile_in_page = first - issue_page_index * tiles_per_page;
+  int issue_page = n_my > 0 ? table[issue_page_index] : 0;
+  int issue_stage = 0, issued = 0;
+  auto issue = [&]() {
+    const std::byte* slab = head_slabs + issue_page * page_stride;
+    const int slot = issue_tile_in_page * kTile;
+    uint8_t* dst = my_stages + issue_stage * L::kStageBytes;
+    copy_pieces<kTile * KR>(dst, slab + a.k_rows + slot * KR, lane);
+    copy_pieces<kTile * VR>(dst + kTile * KR, slab + a.v_rows + slot * VR, lane);
+    // Scales (kTile * sb = 32 or 64 bytes): lanes 0-3 copy K's, 8-11 V's.
+    if (quantized(KF) && 16 * lane < kTile * sb)
+      cp_async16(dst + L::kKScaleOffset + 16 * lane, slab + a.k_scales + slot * sb + 16 * lane);
+    if (quantized(VF) && lane >= 8 && 16 * (lane - 8) < kTile * sb)
+      cp_async16(dst + L::kVScaleOffset + 16 * (lane - 8), slab + a.v_scales + slot * sb + 16 * (lane - 8));
+    issue_stage = issue_stage == S - 1 ? 0 : issue_stage + 1;
+    ++issued;
+    issue_tile_in_page += kWarps;
+    while (issue_tile_in_page >= tiles_per_page) issue_tile_in_page -= tiles_per_page, ++issue_page_index;
+    if (issued < n_my) issue_page = table[issue_page_index];
   };
-  // Loads first: the tables and the query fragments below overlap with them.
-#pragma unroll
-  for (int i = 0; i < S - 1; ++i) {
-    if (i < n_my) issue(i);
-    cp_async_commit();
-  }
   uint32_t* lut_fill = reinterpret_cast<uint32_t*>(smem);
-  if (quantized(KF)) fill_lut(lut_fill, KF, a.k_centroids);
-  if (quantized(VF) && VF != KF) fill_lut(lut_fill + lut_entries(KF) * 32, VF, a.v_centroids);
+  if (a.queries_rotated) {
+    // The rotation kernel before this one waited for the kernel that wrote
+    // the K/V pages: they are complete, so their loads go out first and the
+    // tables and the query fragments below overlap with them.
+#pragma unroll
+    for (int i = 0; i < S - 1; ++i) {
+      if (i < n_my) issue();
+      cp_async_commit();
+    }
+    if (quantized(KF)) fill_lut(lut_fill, KF, a.k_centroids);
+    if (quantized(VF) && VF != KF) fill_lut(lut_fill + lut_entries(KF) * 32, VF, a.v_centroids);
+    cuda::pdl_wait();  // the rotated queries
+  } else {
+    // fp16 K: no rotation kernel, the queries are scaled here, and the
+    // previous kernel may be the one appending the token this call attends
+    // to: nothing of the cache is read before the wait.
+    if (quantized(KF)) fill_lut(lut_fill, KF, a.k_centroids);
+    if (quantized(VF) && VF != KF) fill_lut(lut_fill + lut_entries(KF) * 32, VF, a.v_centroids);
+    cuda::pdl_wait();
+#pragma unroll
+    for (int i = 0; i < S - 1; ++i) {
+      if (i < n_my) issue();
+      cp_async_commit();
+    }
+  }
 
   // Query fragment (B of the score mma): column g is query head h*group + g
   // (zero past the group), rows in the K operand's coordinate order.
-  cuda::pdl_wait();  // the rotated queries
   uint32_t qb[8][2];
   {
     const float* qrow = a.q + ((static_cast<int64_t>(r) * a.num_q_heads + h * a.group) + g) * kD;
@@ -386,8 +431,8 @@ __global__ void __launch_bounds__(TileLayout<KF, VF>::kWarps * 32, 8 / TileLayou
     for (int ks = 0; ks < 8; ++ks) {
       float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
       if (g < a.group) x = *reinterpret_cast<const float4*>(qrow + 32 * c + 4 * ks);
-      qb[ks][0] = pack_half2(x.x, x.y);
-      qb[ks][1] = pack_half2(x.z, x.w);
+      qb[ks][0] = pack_half2(x.x * a.q_scale, x.y * a.q_scale);
+      qb[ks][1] = pack_half2(x.z * a.q_scale, x.w * a.q_scale);
     }
   }
   __syncthreads();  // tables filled
@@ -399,12 +444,14 @@ __global__ void __launch_bounds__(TileLayout<KF, VF>::kWarps * 32, 8 / TileLayou
   for (int mt = 0; mt < 8; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.0f;
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;  // heads 2c, 2c+1
 
+  int stage = 0;
   for (int i = 0; i < n_my; ++i) {
-    if (i + S - 1 < n_my) issue(i + S - 1);
+    if (i + S - 1 < n_my) issue();
     cp_async_commit();
     cp_async_wait<S - 1>();
     __syncwarp();
-    const uint8_t* st = my_stages + (i % S) * stage_bytes;
+    const uint8_t* st = my_stages + stage * L::kStageBytes;
+    stage = stage == S - 1 ? 0 : stage + 1;
     const int tok0 = (first + kWarps * i) * kTile;
 
     // s[0], s[1]: token g, heads 2c, 2c+1; s[2], s[3]: token g + 8.
@@ -413,16 +460,16 @@ __global__ void __launch_bounds__(TileLayout<KF, VF>::kWarps * 32, 8 / TileLayou
     const bool valid0 = tok0 + g < t1, valid1 = tok0 + g + 8 < t1;
     float ks0 = 1.0f, ks1 = 1.0f, vs0 = 1.0f, vs1 = 1.0f;
     if constexpr (quantized(KF)) {
-      ks0 = sb == 2 ? __half2float(reinterpret_cast<const __half*>(st + k_sc)[g])
-                    : reinterpret_cast<const float*>(st + k_sc)[g];
-      ks1 = sb == 2 ? __half2float(reinterpret_cast<const __half*>(st + k_sc)[g + 8])
-                    : reinterpret_cast<const float*>(st + k_sc)[g + 8];
+      ks0 = sb == 2 ? __half2float(reinterpret_cast<const __half*>(st + L::kKScaleOffset)[g])
+                    : reinterpret_cast<const float*>(st + L::kKScaleOffset)[g];
+      ks1 = sb == 2 ? __half2float(reinterpret_cast<const __half*>(st + L::kKScaleOffset)[g + 8])
+                    : reinterpret_cast<const float*>(st + L::kKScaleOffset)[g + 8];
     }
     if constexpr (quantized(VF)) {
-      vs0 = sb == 2 ? __half2float(reinterpret_cast<const __half*>(st + v_sc)[g])
-                    : reinterpret_cast<const float*>(st + v_sc)[g];
-      vs1 = sb == 2 ? __half2float(reinterpret_cast<const __half*>(st + v_sc)[g + 8])
-                    : reinterpret_cast<const float*>(st + v_sc)[g + 8];
+      vs0 = sb == 2 ? __half2float(reinterpret_cast<const __half*>(st + L::kVScaleOffset)[g])
+                    : reinterpret_cast<const float*>(st + L::kVScaleOffset)[g];
+      vs1 = sb == 2 ? __half2float(reinterpret_cast<const __half*>(st + L::kVScaleOffset)[g + 8])
+                    : reinterpret_cast<const float*>(st + L::kVScaleOffset)[g + 8];
     }
     s[0] = valid0 ? s[0] * ks0 : -INFINITY;
     s[1] = valid0 ? s[1] * ks0 : -INFINITY;
@@ -456,11 +503,11 @@ __global__ void __launch_bounds__(TileLayout<KF, VF>::kWarps * 32, 8 / TileLayou
     const uint32_t pb[2] = {transpose8x8(pack_half2(valid0 ? p0 * vs0 : 0.0f, valid0 ? p1 * vs0 : 0.0f)),
                             transpose8x8(pack_half2(valid1 ? p2 * vs1 : 0.0f, valid1 ? p3 * vs1 : 0.0f))};
     const bool vvalid[4] = {tok0 + 2 * c < t1, tok0 + 2 * c + 1 < t1, tok0 + 2 * c + 8 < t1, tok0 + 2 * c + 9 < t1};
-    value_tile<VF>(st + v_rows, c, g, lut_v, pb, vvalid, o);
+    value_tile<VF>(st + kTile * KR, c, g, lut_v, pb, vvalid, o);
     __syncwarp();  // the stage is refilled by the next iteration's issue
   }
   cp_async_wait<0>();
-  cuda::pdl_launch_dependents();  // the merge kernel may launch; it waits for this grid to finish
+  cuda::pdl_launch_dependents();  // the next kernel may launch; it waits for this grid to finish
   __syncthreads();
 
   // Merge the warps' states: [warp][8 heads][d] outputs, then m and l.
@@ -532,13 +579,13 @@ __device__ __forceinline__ void small_matmul(const float (*in)[kD], const float 
   }
 }
 
-// q' = (q @ M) * scale_log2 (or q * scale_log2 when K is fp16), one CTA per
+// q' = (q @ M) * scale_log2 for quantized K, one CTA per
 // (row, KV head): M is read once for the whole group.
 __global__ void __launch_bounds__(kRotThreads) rotate_queries_kernel(const float* q, const float* m, float* out,
                                                                      int num_q_heads, int group, float scale_log2) {
   // The rotation is constant: its loads go out before waiting.
   float mslice[32];
-  if (m != nullptr) load_matrix_slice(m, mslice);
+  load_matrix_slice(m, mslice);
   // Launched with PDL itself: q is the previous kernel's output. The K/V
   // pages the attention kernel prefetches before its own wait were written by
   // the append kernel before that one, complete once this wait returns.
@@ -552,10 +599,6 @@ __global__ void __launch_bounds__(kRotThreads) rotate_queries_kernel(const float
   const int64_t base = (static_cast<int64_t>(r) * num_q_heads + h * group) * kD;
   for (int t = threadIdx.x; t < group * kD; t += kRotThreads) qs[t / kD][t % kD] = q[base + t];
   __syncthreads();
-  if (m == nullptr) {
-    for (int t = threadIdx.x; t < group * kD; t += kRotThreads) out[base + t] = qs[t / kD][t % kD] * scale_log2;
-    return;
-  }
   small_matmul(qs, mslice, group, red);
   __syncthreads();
   for (int t = threadIdx.x; t < group * kD; t += kRotThreads) {
@@ -577,61 +620,46 @@ __global__ void __launch_bounds__(kRotThreads) merge_kernel(AttnArgs a, const fl
   int64_t len;
   row_of(a, r, table_row, len);
   const int n_chunks = static_cast<int>((len + a.split_tokens - 1) / a.split_tokens);
-  // The chunks' log-sum-exps go through shared memory in blocks, loaded by
-  // all threads at once, and each thread's partial outputs are loaded
-  // kMergeUnroll at a time: the first version walked the chunks one L2 round
-  // trip (after the attention kernel, often DRAM) per chunk and thread, ~19 us
-  // for 32 chunks at batch 1. Each output still sums its chunks in order 0, 1,
-  // ... with the same operations (the same bits as before).
-  constexpr int kMergeBlock = 64, kItems = kDeviceMaxGroup * kD / kRotThreads, kMergeUnroll = 16;
-  __shared__ float lse_s[kDeviceMaxGroup][kMergeBlock];
-  __shared__ float max_s[kDeviceMaxGroup];
+  // One pass over the chunks in order 0, 1, ... with a running maximum per
+  // output: a block of kMergeUnroll chunks costs one round trip for both its
+  // log-sum-exps and its partial outputs (independent loads). The first
+  // version walked the chunks one L2 round trip per chunk and thread (~19 us
+  // for 32 chunks at batch 1); the second took the maxima in a pass of its
+  // own, with the log-sum-exps through shared memory: three more dependent
+  // round trips and four barriers before the first sum.
+  constexpr int kItems = kDeviceMaxGroup * kD / kRotThreads, kMergeUnroll = 16;
   const int64_t head_base = (static_cast<int64_t>(r) * a.num_q_heads + h * a.group) * a.max_splits;
-  auto load_lse_block = [&](int s0, int count) {
-    for (int i = threadIdx.x; i < a.group * count; i += kRotThreads)
-      lse_s[i / count][i % count] = a.part_lse[head_base + (i / count) * a.max_splits + s0 + i % count];
-  };
-  // Pass 1: each head's largest log-sum-exp (threads j = 0 of each head).
-  float running_max = -INFINITY;
-  for (int s0 = 0; s0 < n_chunks; s0 += kMergeBlock) {
-    const int count = min(kMergeBlock, n_chunks - s0);
-    load_lse_block(s0, count);
-    __syncthreads();
-    if (threadIdx.x < a.group)
-      for (int s = 0; s < count; ++s) running_max = fmaxf(running_max, lse_s[threadIdx.x][s]);
-    __syncthreads();
-  }
-  if (threadIdx.x < a.group) max_s[threadIdx.x] = running_max;
-  __syncthreads();
-  // Pass 2: the weighted sums, kItems outputs per thread at most.
-  float total[kItems], acc[kItems];
+  float running_max[kItems], total[kItems], acc[kItems];
 #pragma unroll
-  for (int k = 0; k < kItems; ++k) total[k] = acc[k] = 0.0f;
-  for (int s0 = 0; s0 < n_chunks; s0 += kMergeBlock) {
-    const int count = min(kMergeBlock, n_chunks - s0);
-    load_lse_block(s0, count);
-    __syncthreads();
+  for (int k = 0; k < kItems; ++k) running_max[k] = -INFINITY, total[k] = acc[k] = 0.0f;
+  for (int s0 = 0; s0 < n_chunks; s0 += kMergeUnroll) {
 #pragma unroll
     for (int k = 0; k < kItems; ++k) {
       const int t = threadIdx.x + k * kRotThreads;
       if (t >= a.group * kD) break;
-      const int g = t / kD, j = t % kD;
-      const float M = max_s[g];
-      const float* po = a.part_out + (head_base + static_cast<int64_t>(g) * a.max_splits + s0) * kD + j;
-      for (int s = 0; s < count; s += kMergeUnroll) {
-        float v[kMergeUnroll];
+      const int64_t row0 = head_base + static_cast<int64_t>(t / kD) * a.max_splits + s0;
+      float lse[kMergeUnroll], v[kMergeUnroll];
 #pragma unroll
-        for (int u = 0; u < kMergeUnroll; ++u) v[u] = s + u < count ? po[static_cast<int64_t>(s + u) * kD] : 0.0f;
+      for (int u = 0; u < kMergeUnroll; ++u) {
+        const bool in = s0 + u < n_chunks;
+        lse[u] = in ? a.part_lse[row0 + u] : -INFINITY;
+        v[u] = in ? a.part_out[(row0 + u) * kD + t % kD] : 0.0f;
+      }
+      float block_max = running_max[k];
 #pragma unroll
-        for (int u = 0; u < kMergeUnroll; ++u) {
-          if (s + u >= count) break;
-          const float w = exp2f(lse_s[g][s + u] - M);
-          total[k] += w;
-          acc[k] = fmaf(w, v[u], acc[k]);
-        }
+      for (int u = 0; u < kMergeUnroll; ++u) block_max = fmaxf(block_max, lse[u]);
+      // Every chunk has a token, so its log-sum-exp is finite: block_max is
+      // too, and the first block's rescale is 2^-inf = 0.
+      const float rescale = exp2f(running_max[k] - block_max);
+      total[k] *= rescale, acc[k] *= rescale;
+      running_max[k] = block_max;
+#pragma unroll
+      for (int u = 0; u < kMergeUnroll; ++u) {
+        const float w = exp2f(lse[u] - block_max);  // 0 past the last chunk
+        total[k] += w;
+        acc[k] = fmaf(w, v[u], acc[k]);
       }
     }
-    __syncthreads();  // lse_s is reloaded by the next block
   }
 #pragma unroll
   for (int k = 0; k < kItems; ++k) {
@@ -673,12 +701,11 @@ int fmt_of(KvFormat f) {
 template <int KF, int VF>
 void launch_attend(const AttnArgs& a, dim3 grid, cudaStream_t stream) {
   using L = TileLayout<KF, VF>;
-  const int sb = a.scale_bytes;
-  const int stage_bytes =
-      kTile * (L::KR + L::VR) + (quantized(KF) ? kTile * sb : 0) + (quantized(VF) ? kTile * sb : 0);
   const int lut_bytes = 4 * 32 * (lut_entries(KF) + (VF == KF ? 0 : lut_entries(VF)));
+  // The epilogue's region: the warps' outputs, their m and l, the row's
+  // output ys and the un-rotation's partial sums (kDeviceMaxGroup x d each).
   const int merge_bytes = 4 * (L::kWarps * 8 * kD + 2 * L::kWarps * 8);
-  const int smem = lut_bytes + std::max(L::kWarps * L::kStages * stage_bytes, merge_bytes);
+  const int smem = lut_bytes + std::max(L::kWarps * L::kStages * L::kStageBytes, merge_bytes);
   static int configured = 0;
   if (configured < smem) {
     LOWBIT_CUDA_CHECK(
@@ -745,10 +772,15 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
   const float scale = options.softmax_scale > 0.0f ? options.softmax_scale : 1.0f / std::sqrt(float{kD});
 
   const size_t q_floats = static_cast<size_t>(rows) * num_q_heads * kD;
-  float* q_rot = ws.q_rotated(q_floats);
   const bool k_rot = is_quantized(cfg.k_format), v_rot = is_quantized(cfg.v_format);
-  cuda::launch_with_pdl(rotate_queries_kernel, dim3(rows, H), dim3(kRotThreads), 0, stream, q,
-                        k_rot ? cache.rotation(layer) : nullptr, q_rot, num_q_heads, group, scale * kLog2e);
+  // Quantized K: q' = q @ M by a kernel of its own (rotating inside each
+  // attention CTA instead, 64 KB of M read per CTA, measured 3-4 us slower
+  // for tq4 K/V at batch 1 and 8). fp16 K: the attention kernel scales q
+  // itself, one launch fewer (2-3 us at batch 1).
+  float* q_rot = k_rot ? ws.q_rotated(q_floats) : nullptr;
+  if (k_rot)
+    cuda::launch_with_pdl(rotate_queries_kernel, dim3(rows, H), dim3(kRotThreads), 0, stream, q,
+                          cache.rotation(layer), q_rot, num_q_heads, group, scale * kLog2e);
 
   AttnArgs a{};
   const PageLayout& l = cache.layout();
@@ -762,7 +794,9 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
   a.lengths = tables.lengths.as<const int32_t>();
   a.prefill_row = prefill_row;
   a.first_pos = first_pos;
-  a.q = q_rot;
+  a.q = k_rot ? q_rot : q;
+  a.queries_rotated = k_rot;
+  a.q_scale = k_rot ? 1.0f : scale * kLog2e;
   a.split_tokens = split;
   a.max_splits = max_splits;
   // One chunk: the partial has the output's layout, so the merge kernel

@@ -312,6 +312,51 @@ TEST(KvDevice, DecodeManyMixedSequences) {
   check_decode(KvFormat::tq4, KvFormat::tq4, 64, lens, 40, 8, 0);
 }
 
+// Repeated calls with one workspace (the engine makes one per layer and
+// token) with many chunks give the same bits each time, and fewer rows after
+// them, reusing the larger workspace, are still right: no state may leak
+// from one call into the next.
+TEST(KvDevice, DecodeRepeatedCallsGiveTheSameBits) {
+  LOWBIT_REQUIRE_GPU();
+  const std::vector<int64_t> lens = {700, 1, 333, 129};
+  const KvCacheConfig c = make_config(KvFormat::tq4, KvFormat::tq4, 64, pages_for(lens, 64));
+  HostBatch hb(c, lens, DataKind::gaussian, 41);
+  DeviceKvCache dev(c);
+  dev.upload(hb.cache);
+  const DeviceBlockTables tables = DeviceBlockTables::from_cache(hb.cache, hb.seqs);
+  const std::vector<float> q = kvtest::random_rows(4, 40, 128, 8, DataKind::gaussian, false);
+  std::vector<float> ref(q.size());
+  paged_decode_attention_ref(hb.cache, kTestLayer, hb.seqs, 40, q, ref);
+  const Buffer qd = to_device(q);
+  AttentionWorkspace ws;
+  DeviceDecodeOptions o;
+  o.split_tokens = 16;  // 44 chunks on the longest row
+  std::vector<float> first;
+  for (int call = 0; call < 5; ++call) {
+    Buffer out = poisoned_output(q.size());
+    device_decode_attention(dev, kTestLayer, tables, 40, qd.as<float>(), out.as<float>(), ws, o);
+    LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<float> got = from_device(out, q.size());
+    if (call == 0) {
+      EXPECT_TRUE(close_to_reference(got, ref));
+      first = got;
+    } else {
+      EXPECT_EQ(std::memcmp(got.data(), first.data(), got.size() * 4), 0) << "call " << call;
+    }
+  }
+  // The first two sequences alone, same workspace.
+  const std::vector<int> two = {hb.seqs[0], hb.seqs[1]};
+  const DeviceBlockTables tables2 = DeviceBlockTables::from_cache(hb.cache, two);
+  const std::vector<float> q2(q.begin(), q.begin() + 2 * 40 * 128);
+  std::vector<float> ref2(q2.size());
+  paged_decode_attention_ref(hb.cache, kTestLayer, two, 40, q2, ref2);
+  const Buffer qd2 = to_device(q2);
+  Buffer out2 = poisoned_output(q2.size());
+  device_decode_attention(dev, kTestLayer, tables2, 40, qd2.as<float>(), out2.as<float>(), ws, o);
+  LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_TRUE(close_to_reference(from_device(out2, q2.size()), ref2));
+}
+
 // Device write + device decode against the CPU reference of the host-written
 // cache: the whole device path end to end.
 TEST(KvDevice, WriteThenDecodeEndToEnd) {

@@ -35,6 +35,11 @@ void add_bench_attention_command(CLI::App& bench) {
   cmd->add_option("--prefill-reps", options.prefill_reps, "Timed calls of the prefill attention")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  cmd->add_option("--split-tokens", options.split_tokens,
+                  "KV chunk lengths per CTA (multiples of 16, comma-separated) to time besides the one chosen\n"
+                  "by the split heuristic; their rows are marked split_forced")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--json", options.json_path, "Write one JSON row per measurement to this file");
   cmd->callback([] { run_kv_attention_benchmark(options); });
 }

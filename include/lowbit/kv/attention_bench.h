@@ -20,6 +20,7 @@ struct KvAttentionBenchOptions {
   int reps = 50;                   // timed calls per decode point (median reported)
   int64_t prefill_tokens = 32768;  // the prefill whose K/V quantization is timed; 0 skips it
   int prefill_reps = 3;            // the prefill attention takes ~0.1 s per call
+  std::vector<int64_t> split_tokens;  // chunk lengths timed besides the chosen one (multiples of 16)
   std::string json_path;           // JSON rows, one per line, when not empty
 };
 
