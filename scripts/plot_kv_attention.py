@@ -27,7 +27,9 @@ def main():
     parser.add_argument("out")
     args = parser.parse_args()
     rows = [json.loads(line) for line in open(args.rows) if line.strip()]
-    rows = [r for r in rows if r.get("suite") == "kv_decode_attention"]
+    # Rows timed at a chunk length given with --split-tokens are explorations,
+    # not what a user gets: the plot shows the chosen one.
+    rows = [r for r in rows if r.get("suite") == "kv_decode_attention" and not r.get("split_forced", False)]
     if not rows:
         raise SystemExit(f"no kv_decode_attention rows in {args.rows}")
     batches = sorted({r["batch"] for r in rows})

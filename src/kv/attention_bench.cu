@@ -188,7 +188,7 @@ void run_kv_attention_benchmark(const KvAttentionBenchOptions& options) {
         const Buffer q = random_floats(static_cast<size_t>(batch) * kQHeads * kHeadDim, 3);
         Buffer out(static_cast<size_t>(batch) * kQHeads * kHeadDim * 4, Device::cuda);
         kv::AttentionWorkspace ws;
-        const int64_t auto_split = kv::decode_split_tokens(batch, kKvHeads, context, dev.sm_count);
+        const int64_t auto_split = kv::decode_split_tokens(config, batch, context, dev.sm_count);
         // The chosen chunk length first, then each --split-tokens value (rows
         // marked split_forced; the summary table uses the chosen one).
         std::vector<int64_t> splits = {0};

@@ -307,12 +307,16 @@ __device__ __forceinline__ void fill_lut(uint32_t* lut, int f, const float* cent
   }
 }
 
+// fp16 tiles are 4-8 KB: 4 warps (2 CTAs per SM fit); packed tiles are ~2 KB:
+// 8 warps share one copy of the 32 KB table, 2 CTAs per SM.
+__host__ __device__ constexpr int warps_per_cta(int kf, int vf) {
+  return (row_bytes(kf) + row_bytes(vf)) * kTile >= 4096 ? 4 : 8;
+}
+
 template <int KF, int VF>
 struct TileLayout {
   static constexpr int KR = row_bytes(KF), VR = row_bytes(VF);
-  // fp16 tiles are 4-8 KB: 4 warps (2 CTAs per SM fit); packed tiles are
-  // ~2 KB: 8 warps share one copy of the 32 KB table, 2 CTAs per SM.
-  static constexpr int kWarps = (KR + VR) * kTile >= 4096 ? 4 : 8;
+  static constexpr int kWarps = warps_per_cta(KF, VF);
   static constexpr int kStages = 3;
   // A stage: K rows, V rows, then room for 16 fp32 scales of each quantized
   // part (f16 scales use half of it): fixed offsets whatever the scale width.
@@ -766,7 +770,7 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
   const int group = num_q_heads / H;
   const int64_t whole = (max_length + kTile - 1) / kTile * kTile;  // one chunk per row
   const int64_t split = options.split_tokens > 0 ? std::min(options.split_tokens, whole)
-                                                 : decode_split_tokens(rows, H, max_length, sm_count());
+                                                 : decode_split_tokens(cfg, rows, max_length, sm_count());
   const int max_splits = static_cast<int>((max_length + split - 1) / split);
   LOWBIT_CHECK_ARG(max_splits <= 65535, "split_tokens", split, "at most 65535 chunks per row");
   const float scale = options.softmax_scale > 0.0f ? options.softmax_scale : 1.0f / std::sqrt(float{kD});
@@ -820,26 +824,42 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
 
 }  // namespace
 
-int64_t decode_split_tokens(int rows, int num_kv_heads, int64_t max_length, int sm_count) {
-  // Both kernel variants are sized for 2 resident CTAs per SM. Every CTA of a
+int64_t decode_split_tokens(const KvCacheConfig& config, int rows, int64_t max_length, int sm_count) {
+  // Both kernel variants fit 2 resident CTAs per SM. Every CTA of a
   // call has about the same work, so the time is (waves) x (tiles per CTA +
   // a CTA's fixed cost): a partial last wave costs a whole wave (576 CTAs on
   // 264 slots ran 3 waves of which the last was 18% full). Pick the split
-  // count with the least cost, at least one tile per warp.
-  const int64_t slots = 2 * int64_t{std::max(sm_count, 1)};
-  const int64_t pairs = int64_t{rows} * num_kv_heads;
+  // count with the least cost among those that give each warp at least 4
+  // tiles, or give at most one CTA per two SMs: a CTA's fixed cost (its
+  // tables, the wait for the queries, the warps' merge, one more chunk for
+  // the merge kernel) is worth several tiles. Measured with `lowbit bench
+  // attention --split-tokens` (tq4 / fp16, us): batch 1 / 4k 26.0 / 25.4 with
+  // one tile per warp (the first rule), 20.8 / 21.3 with 4; batch 1 / 1k
+  // 18.3 / 16.1 with 64 CTAs of one tile per warp, 24.3 / 27.1 with 16 of 4.
+  // Chunks longer than a page are whole pages: 1008-token chunks at batch 1
+  // / 32k took 38.8 us, 1024-token ones 36.6 us.
+  // A wave is 2 CTAs per SM for the 8-warp (packed) variants but 1 for the
+  // 4-warp (fp16) ones: two fp16 CTAs on one SM stream no faster than one
+  // (batch 1 / 32k: 128 CTAs of 2048 tokens 67.5 us, 256 of 1024 71.0 us;
+  // tq4 the other way round, 45.4 and 36.6 us).
+  const int warps = warps_per_cta(fmt_of(config.k_format), fmt_of(config.v_format));
+  const int64_t slots = (warps == 8 ? 2 : 1) * int64_t{std::max(sm_count, 1)};
+  const int64_t pairs = int64_t{rows} * config.num_kv_heads;
   const int64_t tiles = (std::max<int64_t>(max_length, 1) + kTile - 1) / kTile;
-  constexpr int64_t kFixedTiles = 4;  // tables, query fragments, the warps' merge
-  constexpr int64_t kMinTilesPerCta = 8;
+  const int64_t tiles_per_page = std::max(config.page_size / kTile, 1);
+  constexpr int64_t kFixedTiles = 4;
+  const int64_t max_splits =
+      std::max<int64_t>({1, tiles / (4 * int64_t{warps}), std::max(sm_count, 1) / 2 / pairs});
   int64_t best_splits = 1, best_cost = -1;
-  for (int64_t s = 1; s <= std::min<int64_t>(tiles, 4096); ++s) {
+  for (int64_t s = 1; s <= std::min<int64_t>({tiles, max_splits, 4096}); ++s) {
     const int64_t per_cta = (tiles + s - 1) / s;
-    if (s > 1 && per_cta < kMinTilesPerCta) break;
     const int64_t waves = (pairs * s + slots - 1) / slots;
     const int64_t cost = waves * (per_cta + kFixedTiles);
     if (best_cost < 0 || cost < best_cost) best_cost = cost, best_splits = s;
   }
-  return (tiles + best_splits - 1) / best_splits * kTile;
+  int64_t per_cta = (tiles + best_splits - 1) / best_splits;
+  if (best_splits > 1 && per_cta > tiles_per_page) per_cta = (per_cta + tiles_per_page - 1) / tiles_per_page * tiles_per_page;
+  return per_cta * kTile;
 }
 
 void device_decode_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTables& tables, int num_q_heads,

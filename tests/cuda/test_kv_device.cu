@@ -412,6 +412,42 @@ TEST(KvDevice, PrefillCausal) {
   check_prefill(KvFormat::tq2, KvFormat::fp16, 64, 0, 16);
 }
 
+// The split heuristic (host code, runs without a GPU) on the benchmark's
+// geometry for an H100 (132 SMs): each warp gets at least 4 tiles of 16
+// tokens unless the call has at most 66 CTAs, chunks longer than a page are
+// whole pages, and the choices are the ones measured best (or within 10% of
+// it) by --split-tokens 128..4096 at batch 1, 4 and 8 (docs/kv-cache.md).
+TEST(KvDevice, SplitHeuristicPicksWholePagesAndEnoughWorkPerCta) {
+  auto split = [](KvFormat f, int batch, int64_t context) {
+    const KvCacheConfig c = make_config(f, f, 128, 1, 8);
+    return decode_split_tokens(c, batch, context, 132);
+  };
+  EXPECT_EQ(split(KvFormat::tq4, 1, 1024), 128);
+  EXPECT_EQ(split(KvFormat::tq4, 1, 2048), 256);
+  EXPECT_EQ(split(KvFormat::tq4, 1, 4096), 512);
+  EXPECT_EQ(split(KvFormat::tq4, 1, 32768), 1024);  // not 1008: whole pages
+  EXPECT_EQ(split(KvFormat::tq4, 4, 1024), 512);
+  EXPECT_EQ(split(KvFormat::tq4, 8, 4096), 1024);
+  EXPECT_EQ(split(KvFormat::tq4, 8, 32768), 8192);
+  EXPECT_EQ(split(KvFormat::fp16, 1, 1024), 128);
+  EXPECT_EQ(split(KvFormat::fp16, 1, 4096), 256);
+  EXPECT_EQ(split(KvFormat::fp16, 1, 32768), 2048);
+  EXPECT_EQ(split(KvFormat::fp16, 8, 4096), 2048);
+  EXPECT_EQ(split(KvFormat::fp16, 8, 32768), 16384);
+  for (KvFormat f : kAllFormats)
+    for (int batch : {1, 3, 8, 32})
+      for (int64_t context : {int64_t{1}, int64_t{100}, int64_t{4096}, int64_t{50000}, int64_t{131072}}) {
+        const int64_t s = split(f, batch, context);
+        const int warps = f == KvFormat::fp16 ? 4 : 8;
+        EXPECT_EQ(s % 16, 0);
+        if (s < context) {  // several chunks
+          const int64_t ctas = int64_t{batch} * 8 * ((context + s - 1) / s);
+          EXPECT_TRUE(s >= 4 * warps * 16 || ctas <= 66) << batch << " " << context;
+          if (s > 128) EXPECT_EQ(s % 128, 0) << batch << " " << context;
+        }
+      }
+}
+
 TEST(KvDevice, RejectsBadArguments) {
   LOWBIT_REQUIRE_GPU();
   KvCacheConfig c = make_config(KvFormat::tq4, KvFormat::tq4, 16, 4);

@@ -136,9 +136,12 @@ struct DeviceDecodeOptions {
 
 // The chunk length the decode kernel uses when none is given (a multiple of
 // 16): the split count that minimises waves x (tiles per CTA + a CTA's fixed
-// cost) for rows * num_kv_heads * splits CTAs on 2 CTAs per SM, with at least
-// 8 tiles of 16 tokens per CTA (one per warp).
-int64_t decode_split_tokens(int rows, int num_kv_heads, int64_t max_length, int sm_count);
+// cost) for rows * num_kv_heads * splits CTAs in waves of 2 CTAs per SM (1
+// when K or V is fp16), among the
+// splits that give each warp of a CTA (8 for packed K and V, 4 when either
+// is fp16) at least 4 tiles of 16 tokens or make at most one CTA per two SMs;
+// a chunk longer than a page is a whole number of pages.
+int64_t decode_split_tokens(const KvCacheConfig& config, int rows, int64_t max_length, int sm_count);
 
 // Decode attention (attention_ref.h's paged_decode_attention_ref): q, out
 // [rows][num_q_heads][head_dim] fp32 on the device. Every row's length >= 1.
