@@ -140,6 +140,26 @@ __device__ __forceinline__ uint32_t table_entry(uint32_t lane_table, uint32_t wo
   return v;
 }
 
+// The same with 256-byte entry rows (the 16-warp variants' 64 KB tables):
+// one PRMT builds the whole offset, byte `byte` of the word times 256 plus
+// the lane's word (lane4 = lane * 4 in its low byte), and the LDS adds the
+// table's base: two instructions per pair instead of three.
+__device__ __forceinline__ uint32_t table_entry_wide(uint32_t table, uint32_t lane4, uint32_t word, int byte) {
+  const uint32_t off = __byte_perm(word, lane4, 0x5504u | (static_cast<uint32_t>(byte) << 4));
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(table + off));
+  return v;
+}
+
+// A lane's lookup of byte `byte` of `word` in a table of kRowWords-word rows:
+// `table` is the shared address of entry 0 of the lane's copy (32-word rows)
+// or of the table (64-word rows).
+template <int kRowWords>
+__device__ __forceinline__ uint32_t lookup(uint32_t table, uint32_t lane4, uint32_t word, int byte) {
+  if constexpr (kRowWords == 64) return table_entry_wide(table, lane4, word, byte);
+  else return table_entry(table, word, byte);
+}
+
 // 2^x on the SFU alone: exp2f's denormal handling costs 4 more instructions
 // per call, and results below 2^-126 are zero weight here anyway.
 __device__ __forceinline__ float fast_exp2(float x) {
@@ -154,19 +174,20 @@ __device__ __forceinline__ float fast_exp2(float x) {
 // The lane's A operand is decoded from the rows of tokens g (a0, a2) and
 // g + 8 (a1, a3); lane%4 = c owns coordinates 32c .. 32c+31 and k-step ks
 // covers 32c + 4ks .. +3 (the query fragment is gathered in the same order).
-template <int KF>
+template <int KF, int kRowWords>
 __device__ __forceinline__ void score_tile(const uint8_t* row0, const uint8_t* row1, int c, const uint32_t* lut,
-                                           const uint32_t (&qb)[8][2], float (&acc)[4]) {
+                                           uint32_t table, uint32_t lane4, const uint32_t (&qb)[8][2],
+                                           float (&acc)[4]) {
   if constexpr (KF == kTq4) {
     const uint4 r0 = *reinterpret_cast<const uint4*>(row0 + 16 * c);
     const uint4 r1 = *reinterpret_cast<const uint4*>(row1 + 16 * c);
     const uint32_t w0[4] = {r0.x, r0.y, r0.z, r0.w}, w1[4] = {r1.x, r1.y, r1.z, r1.w};
-    const uint32_t t = static_cast<uint32_t>(__cvta_generic_to_shared(lut));
 #pragma unroll
     for (int ks = 0; ks < 8; ++ks) {
       const int b = 2 * (ks & 1);
-      mma16816(acc, table_entry(t, w0[ks >> 1], b), table_entry(t, w1[ks >> 1], b), table_entry(t, w0[ks >> 1], b + 1),
-               table_entry(t, w1[ks >> 1], b + 1), qb[ks][0], qb[ks][1]);
+      mma16816(acc, lookup<kRowWords>(table, lane4, w0[ks >> 1], b), lookup<kRowWords>(table, lane4, w1[ks >> 1], b),
+               lookup<kRowWords>(table, lane4, w0[ks >> 1], b + 1), lookup<kRowWords>(table, lane4, w1[ks >> 1], b + 1),
+               qb[ks][0], qb[ks][1]);
     }
   } else if constexpr (KF == kTq2) {
     const uint2 r0 = *reinterpret_cast<const uint2*>(row0 + 8 * c);
@@ -175,8 +196,8 @@ __device__ __forceinline__ void score_tile(const uint8_t* row0, const uint8_t* r
 #pragma unroll
     for (int ks = 0; ks < 8; ++ks) {
       const uint32_t b0 = byte_of(w0[ks >> 2], ks & 3), b1 = byte_of(w1[ks >> 2], ks & 3);
-      mma16816(acc, lut[(b0 & 15u) << 5], lut[(b1 & 15u) << 5], lut[(b0 >> 4) << 5], lut[(b1 >> 4) << 5], qb[ks][0],
-               qb[ks][1]);
+      mma16816(acc, lut[(b0 & 15u) * kRowWords], lut[(b1 & 15u) * kRowWords], lut[(b0 >> 4) * kRowWords],
+               lut[(b1 >> 4) * kRowWords], qb[ks][0], qb[ks][1]);
     }
   } else if constexpr (KF == kTq3) {
     const uint2 r0 = *reinterpret_cast<const uint2*>(row0 + 8 * c);
@@ -196,7 +217,8 @@ __device__ __forceinline__ void score_tile(const uint8_t* row0, const uint8_t* r
       uint32_t a01, a23, b01, b23;
       entries(byte_of(w0[ks >> 2], ks & 3), (h0 >> (4 * ks)) & 15u, a01, a23);
       entries(byte_of(w1[ks >> 2], ks & 3), (h1 >> (4 * ks)) & 15u, b01, b23);
-      mma16816(acc, lut[a01 << 5], lut[b01 << 5], lut[a23 << 5], lut[b23 << 5], qb[ks][0], qb[ks][1]);
+      mma16816(acc, lut[a01 * kRowWords], lut[b01 * kRowWords], lut[a23 * kRowWords], lut[b23 * kRowWords], qb[ks][0],
+               qb[ks][1]);
     }
   } else {  // fp16: coordinates 32c + 4ks .. +3 are words 2ks, 2ks+1 of the lane's 64 bytes
     const uint4* p0 = reinterpret_cast<const uint4*>(row0 + 64 * c);
@@ -217,9 +239,10 @@ __device__ __forceinline__ void score_tile(const uint8_t* row0, const uint8_t* r
 // shifts and LOP3s into bytes that index the same pair table as K. `valid`
 // masks tokens past the chunk's end: their fp16 rows may hold anything
 // (stale slots), and 0 * NaN would poison O.
-template <int VF>
-__device__ __forceinline__ void value_tile(const uint8_t* rows, int c, int g, const uint32_t* lut,
-                                           const uint32_t (&pb)[2], const bool (&valid)[4], float (&o)[8][4]) {
+template <int VF, int kRowWords>
+__device__ __forceinline__ void value_tile(const uint8_t* rows, int c, int g, const uint32_t* lut, uint32_t table,
+                                           uint32_t lane4, const uint32_t (&pb)[2], const bool (&valid)[4],
+                                           float (&o)[8][4]) {
   const int tok[4] = {2 * c, 2 * c + 1, 2 * c + 8, 2 * c + 9};
   constexpr int RB = row_bytes(VF);
   if constexpr (VF == kTq4) {
@@ -235,12 +258,11 @@ __device__ __forceinline__ void value_tile(const uint8_t* rows, int c, int g, co
         hi[p][w] = ((aw[w] >> 4) & 0x0F0F0F0Fu) | (bw[w] & 0xF0F0F0F0u);
       }
     }
-    const uint32_t t = static_cast<uint32_t>(__cvta_generic_to_shared(lut));
 #pragma unroll
     for (int mt = 0; mt < 8; ++mt) {
       const int w = mt >> 2, k = mt & 3;
-      mma16816(o[mt], table_entry(t, lo[0][w], k), table_entry(t, hi[0][w], k), table_entry(t, lo[1][w], k),
-               table_entry(t, hi[1][w], k), pb[0], pb[1]);
+      mma16816(o[mt], lookup<kRowWords>(table, lane4, lo[0][w], k), lookup<kRowWords>(table, lane4, hi[0][w], k),
+               lookup<kRowWords>(table, lane4, lo[1][w], k), lookup<kRowWords>(table, lane4, hi[1][w], k), pb[0], pb[1]);
     }
   } else if constexpr (VF == kTq2) {
     uint32_t x[2], y[2];  // nibble k: coordinate 16g + 2k (x) and 16g + 2k + 1 (y) of both tokens
@@ -253,8 +275,8 @@ __device__ __forceinline__ void value_tile(const uint8_t* rows, int c, int g, co
     }
 #pragma unroll
     for (int mt = 0; mt < 8; ++mt)
-      mma16816(o[mt], lut[((x[0] >> (4 * mt)) & 15u) << 5], lut[((y[0] >> (4 * mt)) & 15u) << 5],
-               lut[((x[1] >> (4 * mt)) & 15u) << 5], lut[((y[1] >> (4 * mt)) & 15u) << 5], pb[0], pb[1]);
+      mma16816(o[mt], lut[((x[0] >> (4 * mt)) & 15u) * kRowWords], lut[((y[0] >> (4 * mt)) & 15u) * kRowWords],
+               lut[((x[1] >> (4 * mt)) & 15u) * kRowWords], lut[((y[1] >> (4 * mt)) & 15u) * kRowWords], pb[0], pb[1]);
   } else if constexpr (VF == kTq3) {
     uint32_t lw[4], hw[4];
 #pragma unroll
@@ -265,7 +287,7 @@ __device__ __forceinline__ void value_tile(const uint8_t* rows, int c, int g, co
     auto entry = [&](int t0, int m) {  // tokens t0, t0 + 1 at coordinate 16g + m
       const uint32_t i0 = ((lw[t0] >> (2 * m)) & 3u) | (((hw[t0] >> m) & 1u) << 2);
       const uint32_t i1 = ((lw[t0 + 1] >> (2 * m)) & 3u) | (((hw[t0 + 1] >> m) & 1u) << 2);
-      return (i0 | (i1 << 3)) << 5;
+      return (i0 | (i1 << 3)) * kRowWords;
     };
 #pragma unroll
     for (int mt = 0; mt < 8; ++mt)
@@ -297,26 +319,40 @@ __device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
   return y;
 }
 
+template <int kRowWords>
 __device__ __forceinline__ void fill_lut(uint32_t* lut, int f, const float* centroids) {
   const int entries = lut_entries(f);
   const int bits = f == kTq4 ? 4 : f == kTq3 ? 3 : 2;
   const int mask = (1 << bits) - 1;
   for (int i = threadIdx.x; i < entries * 32; i += blockDim.x) {
     const int e = i >> 5;
-    lut[i] = pack_half2(centroids[e & mask], centroids[e >> bits]);
+    lut[e * kRowWords + (i & 31)] = pack_half2(centroids[e & mask], centroids[e >> bits]);
   }
 }
 
-// fp16 tiles are 4-8 KB: 4 warps (2 CTAs per SM fit); packed tiles are ~2 KB:
-// 8 warps share one copy of the 32 KB table, 2 CTAs per SM.
-__host__ __device__ constexpr int warps_per_cta(int kf, int vf) {
-  return (row_bytes(kf) + row_bytes(vf)) * kTile >= 4096 ? 4 : 8;
+// fp16 tiles are 4-8 KB: 4 warps, 2 CTAs per SM fit. Packed tiles are ~2 KB,
+// in one of two layouts:
+//  - narrow: 8 warps, 2 CTAs per SM, sharing one copy of the tables in
+//    128-byte rows (32 KB for tq4);
+//  - wide: 16 warps, one CTA per SM, the tables in 256-byte rows (64 KB for
+//    tq4, half of it unused) so that a lookup's address is one PRMT
+//    (table_entry_wide): 420 instructions per tq4 tile instead of 502. It
+//    pays on long streams (batch 8 / 32k 127 -> 123 us, batch 1 / 32k 38 ->
+//    36 us) and costs on short ones (batch 1 / 4k 20.8 -> 23.7 us: twice the
+//    table to fill, 16 warps to merge), so plan_decode picks it by the work.
+__host__ __device__ constexpr bool packed_pair(int kf, int vf) {
+  return (row_bytes(kf) + row_bytes(vf)) * kTile < 4096;
+}
+__host__ __device__ constexpr int warps_per_cta(int kf, int vf, bool wide) {
+  return !packed_pair(kf, vf) ? 4 : wide ? 16 : 8;
 }
 
-template <int KF, int VF>
+template <int KF, int VF, bool kWide>
 struct TileLayout {
   static constexpr int KR = row_bytes(KF), VR = row_bytes(VF);
-  static constexpr int kWarps = warps_per_cta(KF, VF);
+  static constexpr int kWarps = warps_per_cta(KF, VF, kWide);
+  static constexpr int kCtasPerSm = kWarps == 16 ? 1 : 2;
+  static constexpr int kRowWords = kWarps == 16 ? 64 : 32;  // words per table entry row
   static constexpr int kStages = 3;
   // A stage: K rows, V rows, then room for 16 fp32 scales of each quantized
   // part (f16 scales use half of it): fixed offsets whatever the scale width.
@@ -337,18 +373,25 @@ __device__ __forceinline__ void copy_pieces(uint8_t* dst, const std::byte* src, 
     if (kPieces % 32 == 0 || 32 * i + lane < kPieces) cp_async16(dst + 16 * (32 * i + lane), src + 16 * (32 * i + lane));
 }
 
-template <int KF, int VF>
-__global__ void __launch_bounds__(TileLayout<KF, VF>::kWarps * 32, 8 / TileLayout<KF, VF>::kWarps * 2)
+template <int KF, int VF, bool kWide>
+__global__ void __launch_bounds__(TileLayout<KF, VF, kWide>::kWarps * 32, TileLayout<KF, VF, kWide>::kCtasPerSm)
     attend_kernel(AttnArgs a) {
-  using L = TileLayout<KF, VF>;
+  using L = TileLayout<KF, VF, kWide>;
   constexpr int KR = L::KR, VR = L::VR, S = L::kStages, kWarps = L::kWarps, kThreads = 32 * kWarps;
   extern __shared__ float4 smem_f4[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(smem_f4);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  // Each lane reads its own copy of the tables: entry e at word e * 32 + lane.
+  // Each lane reads its own copy of the tables: entry e at word
+  // e * kRowWords + lane.
+  constexpr int kRowWords = L::kRowWords;
   const uint32_t* lut_k = reinterpret_cast<const uint32_t*>(smem) + lane;
-  const uint32_t* lut_v = (VF == KF) ? lut_k : lut_k + lut_entries(KF) * 32;
-  uint8_t* stages = smem + 4 * 32 * (lut_entries(KF) + (VF == KF ? 0 : lut_entries(VF)));
+  const uint32_t* lut_v = (VF == KF) ? lut_k : lut_k + lut_entries(KF) * kRowWords;
+  uint8_t* stages = smem + 4 * kRowWords * (lut_entries(KF) + (VF == KF ? 0 : lut_entries(VF)));
+  // The tq4 lookups' addresses: the lane's copy (128-byte rows), or the table
+  // and the lane's word offset (256-byte rows, table_entry_wide).
+  const uint32_t lane4 = 4u * static_cast<uint32_t>(lane);
+  const uint32_t table_k = static_cast<uint32_t>(__cvta_generic_to_shared(kRowWords == 64 ? lut_k - lane : lut_k));
+  const uint32_t table_v = static_cast<uint32_t>(__cvta_generic_to_shared(kRowWords == 64 ? lut_v - lane : lut_v));
 
   const int split = blockIdx.x, h = blockIdx.y, r = blockIdx.z;
   int table_row;
@@ -409,15 +452,15 @@ __global__ void __launch_bounds__(TileLayout<KF, VF>::kWarps * 32, 8 / TileLayou
       if (i < n_my) issue();
       cp_async_commit();
     }
-    if (quantized(KF)) fill_lut(lut_fill, KF, a.k_centroids);
-    if (quantized(VF) && VF != KF) fill_lut(lut_fill + lut_entries(KF) * 32, VF, a.v_centroids);
+    if (quantized(KF)) fill_lut<kRowWords>(lut_fill, KF, a.k_centroids);
+    if (quantized(VF) && VF != KF) fill_lut<kRowWords>(lut_fill + lut_entries(KF) * kRowWords, VF, a.v_centroids);
     cuda::pdl_wait();  // the rotated queries
   } else {
     // fp16 K: no rotation kernel, the queries are scaled here, and the
     // previous kernel may be the one appending the token this call attends
     // to: nothing of the cache is read before the wait.
-    if (quantized(KF)) fill_lut(lut_fill, KF, a.k_centroids);
-    if (quantized(VF) && VF != KF) fill_lut(lut_fill + lut_entries(KF) * 32, VF, a.v_centroids);
+    if (quantized(KF)) fill_lut<kRowWords>(lut_fill, KF, a.k_centroids);
+    if (quantized(VF) && VF != KF) fill_lut<kRowWords>(lut_fill + lut_entries(KF) * kRowWords, VF, a.v_centroids);
     cuda::pdl_wait();
 #pragma unroll
     for (int i = 0; i < S - 1; ++i) {
@@ -460,7 +503,7 @@ __global__ void __launch_bounds__(TileLayout<KF, VF>::kWarps * 32, 8 / TileLayou
 
     // s[0], s[1]: token g, heads 2c, 2c+1; s[2], s[3]: token g + 8.
     float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    score_tile<KF>(st + g * KR, st + (g + 8) * KR, c, lut_k, qb, s);
+    score_tile<KF, kRowWords>(st + g * KR, st + (g + 8) * KR, c, lut_k, table_k, lane4, qb, s);
     const bool valid0 = tok0 + g < t1, valid1 = tok0 + g + 8 < t1;
     float ks0 = 1.0f, ks1 = 1.0f, vs0 = 1.0f, vs1 = 1.0f;
     if constexpr (quantized(KF)) {
@@ -507,7 +550,7 @@ __global__ void __launch_bounds__(TileLayout<KF, VF>::kWarps * 32, 8 / TileLayou
     const uint32_t pb[2] = {transpose8x8(pack_half2(valid0 ? p0 * vs0 : 0.0f, valid0 ? p1 * vs0 : 0.0f)),
                             transpose8x8(pack_half2(valid1 ? p2 * vs1 : 0.0f, valid1 ? p3 * vs1 : 0.0f))};
     const bool vvalid[4] = {tok0 + 2 * c < t1, tok0 + 2 * c + 1 < t1, tok0 + 2 * c + 8 < t1, tok0 + 2 * c + 9 < t1};
-    value_tile<VF>(st + kTile * KR, c, g, lut_v, pb, vvalid, o);
+    value_tile<VF, kRowWords>(st + kTile * KR, c, g, lut_v, table_v, lane4, pb, vvalid, o);
     __syncwarp();  // the stage is refilled by the next iteration's issue
   }
   cp_async_wait<0>();
@@ -702,47 +745,54 @@ int fmt_of(KvFormat f) {
   return kFp16;
 }
 
-template <int KF, int VF>
+template <int KF, int VF, bool kWide>
 void launch_attend(const AttnArgs& a, dim3 grid, cudaStream_t stream) {
-  using L = TileLayout<KF, VF>;
-  const int lut_bytes = 4 * 32 * (lut_entries(KF) + (VF == KF ? 0 : lut_entries(VF)));
-  // The epilogue's region: the warps' outputs, their m and l, the row's
-  // output ys and the un-rotation's partial sums (kDeviceMaxGroup x d each).
+  using L = TileLayout<KF, VF, kWide>;
+  const int lut_bytes = 4 * L::kRowWords * (lut_entries(KF) + (VF == KF ? 0 : lut_entries(VF)));
+  // The epilogue's region: the warps' outputs, then their m and l.
   const int merge_bytes = 4 * (L::kWarps * 8 * kD + 2 * L::kWarps * 8);
   const int smem = lut_bytes + std::max(L::kWarps * L::kStages * L::kStageBytes, merge_bytes);
   static int configured = 0;
   if (configured < smem) {
     LOWBIT_CUDA_CHECK(
-        cudaFuncSetAttribute(attend_kernel<KF, VF>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        cudaFuncSetAttribute(attend_kernel<KF, VF, kWide>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     configured = smem;
   }
-  cuda::launch_with_pdl(attend_kernel<KF, VF>, grid, dim3(32 * L::kWarps), static_cast<size_t>(smem), stream, a);
+  cuda::launch_with_pdl(attend_kernel<KF, VF, kWide>, grid, dim3(32 * L::kWarps), static_cast<size_t>(smem), stream, a);
+}
+
+template <int KF, int VF>
+void launch_layout(bool wide, const AttnArgs& a, dim3 grid, cudaStream_t stream) {
+  if constexpr (packed_pair(KF, VF)) {
+    if (wide) return launch_attend<KF, VF, true>(a, grid, stream);
+  }
+  launch_attend<KF, VF, false>(a, grid, stream);
 }
 
 template <int KF>
-void dispatch_v(int vf, const AttnArgs& a, dim3 grid, cudaStream_t stream) {
+void dispatch_v(int vf, bool wide, const AttnArgs& a, dim3 grid, cudaStream_t stream) {
   switch (vf) {
     case kTq4:
-      return launch_attend<KF, kTq4>(a, grid, stream);
+      return launch_layout<KF, kTq4>(wide, a, grid, stream);
     case kTq3:
-      return launch_attend<KF, kTq3>(a, grid, stream);
+      return launch_layout<KF, kTq3>(wide, a, grid, stream);
     case kTq2:
-      return launch_attend<KF, kTq2>(a, grid, stream);
+      return launch_layout<KF, kTq2>(wide, a, grid, stream);
     default:
-      return launch_attend<KF, kFp16>(a, grid, stream);
+      return launch_layout<KF, kFp16>(wide, a, grid, stream);
   }
 }
 
-void dispatch(int kf, int vf, const AttnArgs& a, dim3 grid, cudaStream_t stream) {
+void dispatch(int kf, int vf, bool wide, const AttnArgs& a, dim3 grid, cudaStream_t stream) {
   switch (kf) {
     case kTq4:
-      return dispatch_v<kTq4>(vf, a, grid, stream);
+      return dispatch_v<kTq4>(vf, wide, a, grid, stream);
     case kTq3:
-      return dispatch_v<kTq3>(vf, a, grid, stream);
+      return dispatch_v<kTq3>(vf, wide, a, grid, stream);
     case kTq2:
-      return dispatch_v<kTq2>(vf, a, grid, stream);
+      return dispatch_v<kTq2>(vf, wide, a, grid, stream);
     default:
-      return dispatch_v<kFp16>(vf, a, grid, stream);
+      return dispatch_v<kFp16>(vf, wide, a, grid, stream);
   }
 }
 
@@ -751,6 +801,58 @@ int sm_count() {
   LOWBIT_CUDA_CHECK(cudaGetDevice(&device));
   LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   return sms;
+}
+
+// The chunk length and the CTA layout of a call (see decode_split_tokens).
+struct DecodePlan {
+  int64_t split_tokens = 0;
+  bool wide = false;  // packed K and V in 16-warp CTAs (TileLayout)
+};
+
+DecodePlan plan_decode(const KvCacheConfig& config, int rows, int64_t max_length, int sm_count, int forced_warps) {
+  DecodePlan plan;
+  const int kf = fmt_of(config.k_format), vf = fmt_of(config.v_format);
+  const int64_t sms = std::max(sm_count, 1);
+  // Every CTA of a call has about the same work, so the time is (waves) x (tiles per CTA +
+  // a CTA's fixed cost): a partial last wave costs a whole wave (576 CTAs on
+  // 264 slots ran 3 waves of which the last was 18% full). Pick the split
+  // count with the least cost among those that give each warp at least 4
+  // tiles, or give at most one CTA per two SMs: a CTA's fixed cost (its
+  // tables, the wait for the queries, the warps' merge, one more chunk for
+  // the merge kernel) is worth several tiles. Measured with `lowbit bench
+  // attention --split-tokens` (tq4 / fp16, us): batch 1 / 4k 26.0 / 25.4 with
+  // one tile per warp (the first rule), 20.8 / 21.3 with 4; batch 1 / 1k
+  // 18.3 / 16.1 with 64 CTAs of one tile per warp, 24.3 / 27.1 with 16 of 4.
+  // Chunks longer than a page are whole pages: 1008-token chunks at batch 1
+  // / 32k took 38.8 us, 1024-token ones 36.6 us.
+  // A wave is 2 CTAs per SM for the 8-warp (packed, narrow) layout, 1 for
+  // the wide one, and 1 for the 4-warp (fp16) one although two fit: two fp16
+  // CTAs on one SM stream no faster than one (batch 1 / 32k: 128 CTAs of
+  // 2048 tokens 67.5 us, 256 of 1024 71.0 us; narrow tq4 the other way
+  // round, 45.4 and 36.6 us).
+  const int64_t pairs = int64_t{rows} * config.num_kv_heads;
+  const int64_t tiles = (std::max<int64_t>(max_length, 1) + kTile - 1) / kTile;
+  // The wide layout when every (row, KV head) can have a CTA of its own on
+  // one wave of SMs and each SM gets at least 4 tiles per warp of it.
+  if (packed_pair(kf, vf))
+    plan.wide = forced_warps == 16 || (forced_warps == 0 && pairs <= sms && pairs * tiles >= 64 * sms);
+  const int warps = warps_per_cta(kf, vf, plan.wide);
+  const int64_t slots = (warps == 8 ? 2 : 1) * sms;
+  const int64_t tiles_per_page = std::max(config.page_size / kTile, 1);
+  constexpr int64_t kFixedTiles = 4;
+  const int64_t max_splits =
+      std::max<int64_t>({1, tiles / (4 * int64_t{warps}), sms / 2 / pairs});
+  int64_t best_splits = 1, best_cost = -1;
+  for (int64_t s = 1; s <= std::min<int64_t>({tiles, max_splits, 4096}); ++s) {
+    const int64_t per_cta = (tiles + s - 1) / s;
+    const int64_t waves = (pairs * s + slots - 1) / slots;
+    const int64_t cost = waves * (per_cta + kFixedTiles);
+    if (best_cost < 0 || cost < best_cost) best_cost = cost, best_splits = s;
+  }
+  int64_t per_cta = (tiles + best_splits - 1) / best_splits;
+  if (best_splits > 1 && per_cta > tiles_per_page) per_cta = (per_cta + tiles_per_page - 1) / tiles_per_page * tiles_per_page;
+  plan.split_tokens = per_cta * kTile;
+  return plan;
 }
 
 void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTables& tables, int prefill_row,
@@ -769,8 +871,10 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
                    options.split_tokens, "0 (auto) or a positive multiple of 16");
   const int group = num_q_heads / H;
   const int64_t whole = (max_length + kTile - 1) / kTile * kTile;  // one chunk per row
-  const int64_t split = options.split_tokens > 0 ? std::min(options.split_tokens, whole)
-                                                 : decode_split_tokens(cfg, rows, max_length, sm_count());
+  LOWBIT_CHECK_ARG(options.cta_warps == 0 || options.cta_warps == 8 || options.cta_warps == 16, "cta_warps",
+                   options.cta_warps, "0 (chosen), 8 or 16");
+  const DecodePlan plan = plan_decode(cfg, rows, max_length, sm_count(), options.cta_warps);
+  const int64_t split = options.split_tokens > 0 ? std::min(options.split_tokens, whole) : plan.split_tokens;
   const int max_splits = static_cast<int>((max_length + split - 1) / split);
   LOWBIT_CHECK_ARG(max_splits <= 65535, "split_tokens", split, "at most 65535 chunks per row");
   const float scale = options.softmax_scale > 0.0f ? options.softmax_scale : 1.0f / std::sqrt(float{kD});
@@ -816,7 +920,7 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
     const auto& c = vq->codebook().centroids_f32;
     for (size_t i = 0; i < c.size(); ++i) dst[i] = c[i];
   }
-  dispatch(fmt_of(cfg.k_format), fmt_of(cfg.v_format), a, dim3(max_splits, H, rows), stream);
+  dispatch(fmt_of(cfg.k_format), fmt_of(cfg.v_format), plan.wide, a, dim3(max_splits, H, rows), stream);
   const float* mt = v_rot ? cache.rotation_t(layer) : nullptr;
   cuda::launch_with_pdl(merge_kernel, dim3(rows, H), dim3(kRotThreads), 0, stream, a, mt, out,
                         static_cast<__half*>(options.out_f16));
@@ -825,41 +929,7 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
 }  // namespace
 
 int64_t decode_split_tokens(const KvCacheConfig& config, int rows, int64_t max_length, int sm_count) {
-  // Both kernel variants fit 2 resident CTAs per SM. Every CTA of a
-  // call has about the same work, so the time is (waves) x (tiles per CTA +
-  // a CTA's fixed cost): a partial last wave costs a whole wave (576 CTAs on
-  // 264 slots ran 3 waves of which the last was 18% full). Pick the split
-  // count with the least cost among those that give each warp at least 4
-  // tiles, or give at most one CTA per two SMs: a CTA's fixed cost (its
-  // tables, the wait for the queries, the warps' merge, one more chunk for
-  // the merge kernel) is worth several tiles. Measured with `lowbit bench
-  // attention --split-tokens` (tq4 / fp16, us): batch 1 / 4k 26.0 / 25.4 with
-  // one tile per warp (the first rule), 20.8 / 21.3 with 4; batch 1 / 1k
-  // 18.3 / 16.1 with 64 CTAs of one tile per warp, 24.3 / 27.1 with 16 of 4.
-  // Chunks longer than a page are whole pages: 1008-token chunks at batch 1
-  // / 32k took 38.8 us, 1024-token ones 36.6 us.
-  // A wave is 2 CTAs per SM for the 8-warp (packed) variants but 1 for the
-  // 4-warp (fp16) ones: two fp16 CTAs on one SM stream no faster than one
-  // (batch 1 / 32k: 128 CTAs of 2048 tokens 67.5 us, 256 of 1024 71.0 us;
-  // tq4 the other way round, 45.4 and 36.6 us).
-  const int warps = warps_per_cta(fmt_of(config.k_format), fmt_of(config.v_format));
-  const int64_t slots = (warps == 8 ? 2 : 1) * int64_t{std::max(sm_count, 1)};
-  const int64_t pairs = int64_t{rows} * config.num_kv_heads;
-  const int64_t tiles = (std::max<int64_t>(max_length, 1) + kTile - 1) / kTile;
-  const int64_t tiles_per_page = std::max(config.page_size / kTile, 1);
-  constexpr int64_t kFixedTiles = 4;
-  const int64_t max_splits =
-      std::max<int64_t>({1, tiles / (4 * int64_t{warps}), std::max(sm_count, 1) / 2 / pairs});
-  int64_t best_splits = 1, best_cost = -1;
-  for (int64_t s = 1; s <= std::min<int64_t>({tiles, max_splits, 4096}); ++s) {
-    const int64_t per_cta = (tiles + s - 1) / s;
-    const int64_t waves = (pairs * s + slots - 1) / slots;
-    const int64_t cost = waves * (per_cta + kFixedTiles);
-    if (best_cost < 0 || cost < best_cost) best_cost = cost, best_splits = s;
-  }
-  int64_t per_cta = (tiles + best_splits - 1) / best_splits;
-  if (best_splits > 1 && per_cta > tiles_per_page) per_cta = (per_cta + tiles_per_page - 1) / tiles_per_page * tiles_per_page;
-  return per_cta * kTile;
+  return plan_decode(config, rows, max_length, sm_count, 0).split_tokens;
 }
 
 void device_decode_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTables& tables, int num_q_heads,

@@ -247,9 +247,11 @@ TEST(KvDevice, WriteMatchesHostQuantizer) {
 
 // Device decode on a host-written cache vs paged_decode_attention_ref.
 void check_decode(KvFormat kf, KvFormat vf, int page_size, const std::vector<int64_t>& lens, int q_heads, int kv_heads,
-                  int64_t split_tokens, DataKind data = DataKind::gaussian, ScaleDType scale = ScaleDType::f16) {
+                  int64_t split_tokens, DataKind data = DataKind::gaussian, ScaleDType scale = ScaleDType::f16,
+                  int cta_warps = 0) {
   SCOPED_TRACE(name(kf, vf) + " P=" + std::to_string(page_size) + " split=" + std::to_string(split_tokens) +
-               " heads " + std::to_string(q_heads) + "/" + std::to_string(kv_heads));
+               " heads " + std::to_string(q_heads) + "/" + std::to_string(kv_heads) +
+               " cta_warps=" + std::to_string(cta_warps));
   const KvCacheConfig c = make_config(kf, vf, page_size, pages_for(lens, page_size), kv_heads, scale);
   HostBatch hb(c, lens, data, 7 + static_cast<uint64_t>(page_size));
   DeviceKvCache dev(c);
@@ -264,6 +266,7 @@ void check_decode(KvFormat kf, KvFormat vf, int page_size, const std::vector<int
   AttentionWorkspace ws;
   DeviceDecodeOptions o;
   o.split_tokens = split_tokens;
+  o.cta_warps = cta_warps;
   device_decode_attention(dev, kTestLayer, tables, q_heads, qd.as<float>(), out.as<float>(), ws, o);
   LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
   const std::vector<float> got = from_device(out, q.size());
@@ -281,16 +284,22 @@ void check_decode(KvFormat kf, KvFormat vf, int page_size, const std::vector<int
   EXPECT_EQ(mismatches, 0u) << "fp16 output differs from the rounded fp32 output";
 }
 
+// Both CTA layouts of the packed pairs (8 warps, 128-byte table rows; 16
+// warps, 256-byte rows), forced: short rows like these choose 8 by default.
 TEST(KvDevice, DecodeEveryFormatPair) {
   LOWBIT_REQUIRE_GPU();
-  for (KvFormat kf : kAllFormats)
-    for (KvFormat vf : kAllFormats) check_decode(kf, vf, 16, {1, 15, 16, 17, 300}, 40, 8, 0);
+  for (int cta_warps : {8, 16})
+    for (KvFormat kf : kAllFormats)
+      for (KvFormat vf : kAllFormats)
+        check_decode(kf, vf, 16, {1, 15, 16, 17, 300}, 40, 8, 0, DataKind::gaussian, ScaleDType::f16, cta_warps);
 }
 
 TEST(KvDevice, DecodePageBoundariesAndSplits) {
   LOWBIT_REQUIRE_GPU();
   for (int64_t split : {int64_t{0}, int64_t{16}, int64_t{48}, int64_t{4096}}) {
     check_decode(KvFormat::tq4, KvFormat::tq4, 128, {1, 127, 128, 129, 1000, 3001}, 40, 8, split);
+    check_decode(KvFormat::tq4, KvFormat::tq4, 128, {1, 127, 128, 129, 1000, 3001}, 40, 8, split, DataKind::gaussian,
+                 ScaleDType::f16, 16);
     check_decode(KvFormat::fp16, KvFormat::fp16, 128, {1, 127, 128, 129, 1000, 3001}, 40, 8, split);
   }
   check_decode(KvFormat::tq4, KvFormat::tq4, 256, {255, 256, 257, 2000}, 40, 8, 0);
@@ -303,6 +312,7 @@ TEST(KvDevice, DecodeGqaShapesScalesAndOutliers) {
   check_decode(KvFormat::tq4, KvFormat::tq4, 32, {5, 64, 700}, 12, 4, 32);  // group 3
   check_decode(KvFormat::tq4, KvFormat::tq4, 16, {33, 400}, 40, 8, 0, DataKind::outliers);
   check_decode(KvFormat::tq3, KvFormat::tq4, 16, {33, 400}, 40, 8, 0, DataKind::gaussian, ScaleDType::f32);
+  check_decode(KvFormat::tq4, KvFormat::tq4, 16, {33, 400}, 40, 8, 0, DataKind::outliers, ScaleDType::f32, 16);
 }
 
 TEST(KvDevice, DecodeManyMixedSequences) {
@@ -425,10 +435,11 @@ TEST(KvDevice, SplitHeuristicPicksWholePagesAndEnoughWorkPerCta) {
   EXPECT_EQ(split(KvFormat::tq4, 1, 1024), 128);
   EXPECT_EQ(split(KvFormat::tq4, 1, 2048), 256);
   EXPECT_EQ(split(KvFormat::tq4, 1, 4096), 512);
-  EXPECT_EQ(split(KvFormat::tq4, 1, 32768), 1024);  // not 1008: whole pages
+  EXPECT_EQ(split(KvFormat::tq4, 1, 32768), 2048);  // 16-warp CTAs, one per (row, KV head, chunk) and SM
   EXPECT_EQ(split(KvFormat::tq4, 4, 1024), 512);
-  EXPECT_EQ(split(KvFormat::tq4, 8, 4096), 1024);
-  EXPECT_EQ(split(KvFormat::tq4, 8, 32768), 8192);
+  EXPECT_EQ(split(KvFormat::tq4, 8, 4096), 2048);
+  EXPECT_EQ(split(KvFormat::tq4, 8, 32768), 16384);
+  EXPECT_EQ(split(KvFormat::tq4, 32, 32768), 32768);  // 256 pairs: 8-warp CTAs, one chunk each
   EXPECT_EQ(split(KvFormat::fp16, 1, 1024), 128);
   EXPECT_EQ(split(KvFormat::fp16, 1, 4096), 256);
   EXPECT_EQ(split(KvFormat::fp16, 1, 32768), 2048);
@@ -438,7 +449,7 @@ TEST(KvDevice, SplitHeuristicPicksWholePagesAndEnoughWorkPerCta) {
     for (int batch : {1, 3, 8, 32})
       for (int64_t context : {int64_t{1}, int64_t{100}, int64_t{4096}, int64_t{50000}, int64_t{131072}}) {
         const int64_t s = split(f, batch, context);
-        const int warps = f == KvFormat::fp16 ? 4 : 8;
+        const int warps = f == KvFormat::fp16 ? 4 : 8;  // the wide layout's 16 warps get 4 tiles each too
         EXPECT_EQ(s % 16, 0);
         if (s < context) {  // several chunks
           const int64_t ctas = int64_t{batch} * 8 * ((context + s - 1) / s);
@@ -467,6 +478,10 @@ TEST(KvDevice, RejectsBadArguments) {
   o.split_tokens = 24;
   EXPECT_TRUE(throws_error([&] { device_decode_attention(dev, 0, tables, 4, q.as<float>(), out.as<float>(), ws, o); },
                            ErrorKind::invalid_argument, "split_tokens"));
+  o.split_tokens = 0;
+  o.cta_warps = 12;
+  EXPECT_TRUE(throws_error([&] { device_decode_attention(dev, 0, tables, 4, q.as<float>(), out.as<float>(), ws, o); },
+                           ErrorKind::invalid_argument, "cta_warps"));
   EXPECT_TRUE(throws_error([&] { device_decode_attention(dev, 2, tables, 4, q.as<float>(), out.as<float>(), ws); },
                            ErrorKind::invalid_argument, "layer"));
   EXPECT_TRUE(throws_error(

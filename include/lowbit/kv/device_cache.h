@@ -127,6 +127,9 @@ class AttentionWorkspace {
 struct DeviceDecodeOptions {
   float softmax_scale = 0.0f;  // 0: 1 / sqrt(head_dim)
   int64_t split_tokens = 0;    // KV chunk per CTA, a multiple of 16; 0: chosen by decode_split_tokens
+  // CTA layout when K and V are both packed (tq2/3/4): 0 chooses (by the
+  // work per call), 8 or 16 warps force one (tests). Ignored with fp16 K or V.
+  int cta_warps = 0;
   // When set, the output is written here as fp16 (same layout, each value the
   // fp32 result rounded once) and `out` is not used (it may be null): the
   // engine's next GEMM reads fp16, and a separate conversion kernel per layer
@@ -137,10 +140,11 @@ struct DeviceDecodeOptions {
 // The chunk length the decode kernel uses when none is given (a multiple of
 // 16): the split count that minimises waves x (tiles per CTA + a CTA's fixed
 // cost) for rows * num_kv_heads * splits CTAs in waves of 2 CTAs per SM (1
-// when K or V is fp16), among the
-// splits that give each warp of a CTA (8 for packed K and V, 4 when either
-// is fp16) at least 4 tiles of 16 tokens or make at most one CTA per two SMs;
-// a chunk longer than a page is a whole number of pages.
+// for 16-warp CTAs or when K or V is fp16), among the splits that give each
+// warp of a CTA (8 or, for long streams, 16 for packed
+// K and V; 4 when either is fp16) at least 4 tiles of 16 tokens or make at
+// most one CTA per two SMs; a chunk longer than a page is a whole number of
+// pages.
 int64_t decode_split_tokens(const KvCacheConfig& config, int rows, int64_t max_length, int sm_count);
 
 // Decode attention (attention_ref.h's paged_decode_attention_ref): q, out
