@@ -440,6 +440,7 @@ TEST(KvDevice, SplitHeuristicPicksWholePagesAndEnoughWorkPerCta) {
   EXPECT_EQ(split(KvFormat::tq4, 8, 4096), 2048);
   EXPECT_EQ(split(KvFormat::tq4, 8, 32768), 16384);
   EXPECT_EQ(split(KvFormat::tq4, 32, 32768), 32768);  // 256 pairs: 8-warp CTAs, one chunk each
+  EXPECT_EQ(split(KvFormat::tq4, 1, 131072), 4096);   // past 32k: 8-warp CTAs again
   EXPECT_EQ(split(KvFormat::fp16, 1, 1024), 128);
   EXPECT_EQ(split(KvFormat::fp16, 1, 4096), 256);
   EXPECT_EQ(split(KvFormat::fp16, 1, 32768), 2048);
