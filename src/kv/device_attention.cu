@@ -1,12 +1,13 @@
 // Decode (and, through the same kernel, causal prefill) attention directly on
-// the paged TurboQuant cache. Two kernels per call, chained with
-// programmatic dependent launch:
-//  1. rotate_queries: q' = q @ M once per query head (never a key
-//     un-rotation), times softmax_scale * log2(e) so the softmax runs on exp2.
-//  2. attend<KF, VF>: one CTA of 8 warps (4 for fp16 K or V) per (row, KV
-//     head, KV chunk). With several chunks, the last CTA of a row and head
-//     to finish does the exact log-sum-exp merge of the chunks; then out =
-//     o @ M^T once per output when V is stored rotated.
+// the paged TurboQuant cache. Three kernels per call (two when K is fp16),
+// chained with programmatic dependent launch:
+//  1. rotate_queries (quantized K only): q' = q @ M once per query head
+//     (never a key un-rotation), times softmax_scale * log2(e) so the softmax
+//     runs on exp2; for fp16 K the attention kernel applies that scale.
+//  2. attend<KF, VF, wide>: one CTA per (row, KV head, KV chunk), of 8 or 16
+//     warps for packed K and V (TileLayout), 4 when either is fp16.
+//  3. merge: the exact log-sum-exp merge of the chunks, then out = o @ M^T
+//     once per output when V is stored rotated.
 //
 // Why the attend kernel looks the way it does (bandwidth is the budget: at
 // batch 8 / 32k the tq4 cache is 277 MB, 92 us at 3 TB/s):
@@ -23,7 +24,8 @@
 //    256-entry table maps a byte (two 4-bit indices) to the half2 of their
 //    centroids; tq3 (6 bits per pair) and tq2 (4 bits) use 64- and 16-entry
 //    tables. Random indices would hit random banks (~3.5-way conflicts), so
-//    the table is replicated 32 times, entry e of lane l at word e*32 + l:
+//    the table is replicated 32 times, entry e of lane l at word e*32 + l
+//    (e*64 + l in the 16-warp layout, see warps_per_cta):
 //    every lane reads its own bank (32 KB for tq4, shared by 8 warps).
 //  - The k (reduction) order of an mma is free as long as A and B agree, so
 //    a lane's K operand comes straight from one 16-byte load of its token's
@@ -40,7 +42,8 @@
 //  - Each warp streams its own 16-token tiles (a tile never crosses a page:
 //    pages are multiples of 16) through a 3-stage cp.async ring, no
 //    block-wide barriers in the loop. The warps' online softmax states are
-//    merged once at the end. 128 registers, 2 CTAs (16 warps) per SM.
+//    merged once at the end. 128 registers, 16 warps per SM (2 CTAs of 8 or
+//    one of 16).
 //  - Split-KV (flash-decoding) cuts each row into chunks; decode_split_tokens
 //    picks the count that fills the SMs in whole waves.
 #include <cuda_fp16.h>
