@@ -426,7 +426,8 @@ TEST(KvDevice, PrefillCausal) {
 // geometry for an H100 (132 SMs): each warp gets at least 4 tiles of 16
 // tokens unless the call has at most 66 CTAs, chunks longer than a page are
 // whole pages, and the choices are the ones measured best (or within 10% of
-// it) by --split-tokens 128..4096 at batch 1, 4 and 8 (docs/kv-cache.md).
+// it) by --split-tokens 128..16384 at batch 1, 4 and 8
+// (docs/results/h100-kv-attention-splits.txt, docs/kv-cache.md).
 TEST(KvDevice, SplitHeuristicPicksWholePagesAndEnoughWorkPerCta) {
   auto split = [](KvFormat f, int batch, int64_t context) {
     const KvCacheConfig c = make_config(f, f, 128, 1, 8);

@@ -141,10 +141,10 @@ struct DeviceDecodeOptions {
 // 16): the split count that minimises waves x (tiles per CTA + a CTA's fixed
 // cost) for rows * num_kv_heads * splits CTAs in waves of 2 CTAs per SM (1
 // for 16-warp CTAs or when K or V is fp16), among the splits that give each
-// warp of a CTA (8 or, for long streams, 16 for packed
-// K and V; 4 when either is fp16) at least 4 tiles of 16 tokens or make at
-// most one CTA per two SMs; a chunk longer than a page is a whole number of
-// pages.
+// warp of a CTA at least 4 tiles of 16 tokens or make at most one CTA per two
+// SMs; a chunk longer than a page is a whole number of pages. CTAs have 4
+// warps when K or V is fp16; for packed K and V, 16 when the call's work
+// fills every SM and rows are at most 32k tokens, else 8.
 int64_t decode_split_tokens(const KvCacheConfig& config, int rows, int64_t max_length, int sm_count);
 
 // Decode attention (attention_ref.h's paged_decode_attention_ref): q, out
