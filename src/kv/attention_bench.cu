@@ -150,7 +150,9 @@ void run_kv_attention_benchmark(const KvAttentionBenchOptions& options) {
     fail(ErrorKind::unsupported, "lowbit bench attention needs a CUDA device; none is visible");
   const CudaDeviceInfo dev = cuda_device_info(0);
   const double copy_GBps = measure_copy_bandwidth_GBps(0);
-  std::printf("device: %s, %d SMs; measured copy bandwidth %.0f GB/s\n", dev.name.c_str(), dev.sm_count, copy_GBps);
+  std::printf("device: %s, %d SMs; measured copy bandwidth %.0f GB/s; L2 evicted between calls by %s\n",
+              dev.name.c_str(), dev.sm_count, copy_GBps,
+              options.flush_by_reading ? "reading a buffer (clean lines)" : "writing a buffer (dirty lines)");
   std::printf("geometry: %d query heads over %d KV heads, head_dim %d, page %d tokens\n", kQHeads, kKvHeads, kHeadDim,
               options.page_size);
   std::unique_ptr<bench::JsonRowsWriter> json;
@@ -158,6 +160,7 @@ void run_kv_attention_benchmark(const KvAttentionBenchOptions& options) {
   cuda::CudaTimerOptions timer;
   timer.reps = options.reps;
   timer.warmup = 10;
+  timer.flush_by_reading = options.flush_by_reading;
 
   const std::pair<kv::KvFormat, const char*> impls[] = {{kv::KvFormat::tq4, "lowbit_tq4"},
                                                        {kv::KvFormat::fp16, "lowbit_fp16_paged"}};
@@ -216,7 +219,8 @@ void run_kv_attention_benchmark(const KvAttentionBenchOptions& options) {
                        {"split_forced", forced > 0},
                        {"sdpa_fp16_anchor_us", sdpa},
                        {"speedup_vs_sdpa", sdpa > 0 ? sdpa / row.stats.median_us : 0.0},
-                       {"copy_GBps", copy_GBps}};
+                       {"copy_GBps", copy_GBps},
+                       {"l2_flush", options.flush_by_reading ? "read" : "write"}};
           if (json) json->write(row);
           if (forced == 0) results[{batch, context}][impl] = Point{row.stats.median_us, row.GBps()};
           std::printf("batch %2d context %6lld %-18s %9.1f us  %6.0f GB/s (%4.1f%% of copy)  split %lld%s  %s\n", batch,
