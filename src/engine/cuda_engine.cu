@@ -506,8 +506,7 @@ void CudaEngine::launch(const int32_t* d_tokens) {
   const int64_t M = tokens_in_step_;
   const int64_t qkv_dim = c.q_dim() + 2 * c.kv_dim();
   const float eps = static_cast<float>(c.rms_eps);
-  const ops::RopeStyle rope_style =
-      c.rope_style == RopeStyle::half ? ops::RopeStyle::half : ops::RopeStyle::interleaved;
+  const ops::RopeStyle rope_style = c.rope_style;
   const TensorView positions_view = dev(positions_.data(), DType::i32, {M});
   const TensorView inv_freq_view = dev(model_.inv_freq.data(), DType::f32, {c.head_dim / 2});
   const TensorView residual = dev(residual_.data(), DType::f16, {M, c.hidden});

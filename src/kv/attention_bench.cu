@@ -198,7 +198,8 @@ void run_kv_attention_benchmark(const KvAttentionBenchOptions& options) {
         for (int64_t s : options.split_tokens)
           if (s != auto_split) splits.push_back(s);
         for (const int64_t forced : splits) {
-          const int64_t split = forced > 0 ? forced : auto_split;
+          // A forced chunk longer than the row is the whole row (as the kernel clamps it).
+          const int64_t split = forced > 0 ? std::min(forced, (context + 15) / 16 * 16) : auto_split;
           kv::DeviceDecodeOptions decode;
           decode.split_tokens = forced;
           bench::BenchRow row;

@@ -1,6 +1,9 @@
-// Shared helpers of the KV-cache tests: random K/V/Q data (plain and with
-// outlier channels), cosine similarity, relative error.
+// Shared helpers of the KV-cache tests (CPU ones here, the CUDA ones in
+// tests/cuda): random K/V/Q data (plain and with outlier channels), a host
+// cache holding a batch of sequences, cosine similarity, relative error.
 #pragma once
+
+#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
@@ -8,6 +11,8 @@
 #include <random>
 #include <span>
 #include <vector>
+
+#include "lowbit/kv/paged_cache.h"
 
 namespace lowbit::kv::kvtest {
 
@@ -35,6 +40,41 @@ inline std::vector<float> random_rows(int64_t rows, int heads, int dim, uint64_t
   }
   return out;
 }
+
+// A host cache holding a batch of sequences of random K/V, with the original
+// K/V kept aside. The sequences grow round-robin, `step` tokens at a time,
+// each chunk written (every layer) as it is added: their block tables
+// interleave, and the writes start mid-page.
+struct InterleavedBatch {
+  PagedKvCache cache;
+  std::vector<int> seqs;
+  std::vector<std::vector<float>> k, v;  // per sequence [len][num_kv_heads][head_dim]
+  std::vector<int64_t> lengths;
+
+  InterleavedBatch(const KvCacheConfig& config, const std::vector<int64_t>& lens, DataKind kind, uint64_t seed,
+                   int64_t step)
+      : cache(config), lengths(lens) {
+    const int H = config.num_kv_heads, d = config.head_dim;
+    for (size_t b = 0; b < lens.size(); ++b) {
+      seqs.push_back(cache.add_sequence());
+      k.push_back(random_rows(lens[b], H, d, seed + 2 * b, kind, true));
+      v.push_back(random_rows(lens[b], H, d, seed + 2 * b + 1, kind, false));
+    }
+    for (int64_t start = 0;; start += step) {
+      bool any = false;
+      for (size_t b = 0; b < lens.size(); ++b) {
+        const int64_t n = std::min(step, lens[b] - start);
+        if (n <= 0) continue;
+        any = true;
+        EXPECT_EQ(cache.extend(seqs[b], n), start);
+        const size_t at = static_cast<size_t>(start) * H * d, count = static_cast<size_t>(n) * H * d;
+        for (int layer = 0; layer < config.num_layers; ++layer)
+          cache.write(layer, seqs[b], start, n, {k[b].data() + at, count}, {v[b].data() + at, count});
+      }
+      if (!any) break;
+    }
+  }
+};
 
 inline double cosine(std::span<const float> a, std::span<const float> b) {
   double ab = 0, aa = 0, bb = 0;

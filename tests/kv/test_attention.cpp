@@ -26,37 +26,11 @@ struct Geometry {
 constexpr Geometry kQwen3_14B{40, 8, 128, 16};  // attention geometry of Qwen3-14B, small pages
 constexpr Geometry kSmall{8, 2, 64, 16};
 
-// A cache holding a batch of sequences with their original K/V kept aside.
-struct Batch {
-  PagedKvCache cache;
-  std::vector<int> seqs;
-  std::vector<std::vector<float>> k, v;  // per sequence [len][num_kv_heads][head_dim]
-  std::vector<int64_t> lengths;
-
+// The batch of tests/kv/kv_test_util.h, grown 13 tokens at a time, and the
+// dequantized view of its cache.
+struct Batch : kvtest::InterleavedBatch {
   Batch(const KvCacheConfig& config, const std::vector<int64_t>& lens, DataKind kind, uint64_t seed)
-      : cache(config), lengths(lens) {
-    const int H = config.num_kv_heads, d = config.head_dim;
-    // Interleave the sequences' growth so their block tables are not contiguous.
-    for (size_t b = 0; b < lens.size(); ++b) {
-      seqs.push_back(cache.add_sequence());
-      k.push_back(kvtest::random_rows(lens[b], H, d, seed + 2 * b, kind, true));
-      v.push_back(kvtest::random_rows(lens[b], H, d, seed + 2 * b + 1, kind, false));
-    }
-    const int64_t step = 13;
-    for (int64_t start = 0;; start += step) {
-      bool any = false;
-      for (size_t b = 0; b < lens.size(); ++b) {
-        const int64_t n = std::min(step, lens[b] - start);
-        if (n <= 0) continue;
-        any = true;
-        EXPECT_EQ(cache.extend(seqs[b], n), start);
-        const size_t at = static_cast<size_t>(start) * H * d, count = static_cast<size_t>(n) * H * d;
-        for (int layer = 0; layer < config.num_layers; ++layer)
-          cache.write(layer, seqs[b], start, n, {k[b].data() + at, count}, {v[b].data() + at, count});
-      }
-      if (!any) break;
-    }
-  }
+      : InterleavedBatch(config, lens, kind, seed, 13) {}
 
   // The dequantized (original-domain) K or V of sequence b.
   std::vector<float> dequantized(KvPart part, int layer, size_t b) const {

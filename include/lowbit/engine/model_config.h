@@ -24,16 +24,17 @@
 #include <vector>
 
 #include "lowbit/io/hf_config.h"
+#include "lowbit/ops/layer_ops_ref.h"
 
 namespace lowbit::engine {
 
 enum class Architecture : uint8_t { llama, qwen3 };
 const char* architecture_name(Architecture a);  // "llama", "qwen3"
 
-enum class RopeStyle : uint8_t {
-  half,         // pairs (i, i + d/2): Hugging Face rotate_half
-  interleaved,  // pairs (2i, 2i + 1): Llama GGUF files (Wq/Wk rows permuted by the converter)
-};
+// The layer ops' RoPE pairing, one type for the model description and the
+// kernels: half = pairs (i, i + d/2), Hugging Face rotate_half; interleaved =
+// pairs (2i, 2i + 1), Llama GGUF files (Wq/Wk rows permuted by the converter).
+using RopeStyle = ops::RopeStyle;
 
 // rope_scaling of config.json. Only "llama3" changes the frequencies here;
 // "default" (or absent) is plain RoPE. Other types are rejected on load.
