@@ -61,13 +61,15 @@
 namespace lowbit::kv {
 namespace {
 
-constexpr int kD = kDeviceHeadDim;
 constexpr int kTile = 16;  // tokens per warp iteration: the n of two m16n8 score tiles, the k of one PV mma
 constexpr float kLog2e = 1.4426950408889634f;
 
 enum Fmt : int { kTq4 = 0, kTq3 = 1, kTq2 = 2, kFp16 = 3 };
 
-__host__ __device__ constexpr int row_bytes(int f) { return f == kTq4 ? 64 : f == kTq3 ? 48 : f == kTq2 ? 32 : 256; }
+// Bytes of one cached vector of d coordinates (paged_cache.h's row layout).
+__host__ __device__ constexpr int row_bytes(int f, int d) {
+  return f == kTq4 ? d / 2 : f == kTq3 ? 3 * d / 8 : f == kTq2 ? d / 4 : 2 * d;
+}
 __host__ __device__ constexpr int lut_entries(int f) { return f == kTq4 ? 256 : f == kTq3 ? 64 : f == kTq2 ? 16 : 0; }
 __host__ __device__ constexpr bool quantized(int f) { return f != kFp16; }
 
@@ -130,6 +132,30 @@ __device__ __forceinline__ void cp_async_wait() {
 
 __device__ __forceinline__ uint32_t byte_of(uint32_t w, int k) { return (w >> (8 * k)) & 0xffu; }
 
+// N consecutive 32-bit words from an address aligned to 4N bytes, as one
+// load: a lane's share of a row is 16 bytes at d = 128 and 8 at d = 64.
+template <int N>
+__device__ __forceinline__ void load_words(const uint8_t* p, uint32_t (&w)[N]) {
+  if constexpr (N == 4) {
+    const uint4 x = *reinterpret_cast<const uint4*>(p);
+    w[0] = x.x, w[1] = x.y, w[2] = x.z, w[3] = x.w;
+  } else if constexpr (N == 2) {
+    const uint2 x = *reinterpret_cast<const uint2*>(p);
+    w[0] = x.x, w[1] = x.y;
+  } else {
+    static_assert(N == 1, "1, 2 or 4 words");
+    w[0] = *reinterpret_cast<const uint32_t*>(p);
+  }
+}
+
+// kBytes (1, 2 or 4) bytes from an address aligned to kBytes, zero-extended.
+template <int kBytes>
+__device__ __forceinline__ uint32_t load_bytes(const uint8_t* p) {
+  if constexpr (kBytes == 4) return *reinterpret_cast<const uint32_t*>(p);
+  else if constexpr (kBytes == 2) return *reinterpret_cast<const uint16_t*>(p);
+  else return *p;
+}
+
 // Entry e of a lane's table: one PRMT (byte extract), one LEA, one LDS per
 // pair of coordinates. `lane_table` is the 32-bit shared address of entry 0
 // of this lane's copy; entries are 128 bytes apart. Written as asm because
@@ -171,43 +197,48 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-// The score tile, transposed: acc[4] += K[16 tokens x 128] . Q'^T[128 x 8
+// The score tile, transposed: acc[4] += K[16 tokens x D] . Q'^T[D x 8
 // heads] (K is the A operand, so the 16 rows of the mma are 16 tokens and
 // none is wasted on padding; the <= 8 query heads of the group are the n).
 // The lane's A operand is decoded from the rows of tokens g (a0, a2) and
-// g + 8 (a1, a3); lane%4 = c owns coordinates 32c .. 32c+31 and k-step ks
-// covers 32c + 4ks .. +3 (the query fragment is gathered in the same order).
-template <int KF, int kRowWords>
+// g + 8 (a1, a3); lane%4 = c owns coordinates (D/4)c .. (D/4)c + D/4 - 1 and
+// k-step ks (D/16 of them) covers (D/4)c + 4ks .. +3 (the query fragment is
+// gathered in the same order).
+template <int KF, int kRowWords, int D>
 __device__ __forceinline__ void score_tile(const uint8_t* row0, const uint8_t* row1, int c, const uint32_t* lut,
-                                           uint32_t table, uint32_t lane4, const uint32_t (&qb)[8][2],
+                                           uint32_t table, uint32_t lane4, const uint32_t (&qb)[D / 16][2],
                                            float (&acc)[4]) {
+  constexpr int kSteps = D / 16;
   if constexpr (KF == kTq4) {
-    const uint4 r0 = *reinterpret_cast<const uint4*>(row0 + 16 * c);
-    const uint4 r1 = *reinterpret_cast<const uint4*>(row1 + 16 * c);
-    const uint32_t w0[4] = {r0.x, r0.y, r0.z, r0.w}, w1[4] = {r1.x, r1.y, r1.z, r1.w};
+    constexpr int W = D / 32;  // the lane's D/4 indices: D/8 bytes
+    uint32_t w0[W], w1[W];
+    load_words<W>(row0 + 4 * W * c, w0);
+    load_words<W>(row1 + 4 * W * c, w1);
 #pragma unroll
-    for (int ks = 0; ks < 8; ++ks) {
+    for (int ks = 0; ks < kSteps; ++ks) {
       const int b = 2 * (ks & 1);
       mma16816(acc, lookup<kRowWords>(table, lane4, w0[ks >> 1], b), lookup<kRowWords>(table, lane4, w1[ks >> 1], b),
                lookup<kRowWords>(table, lane4, w0[ks >> 1], b + 1), lookup<kRowWords>(table, lane4, w1[ks >> 1], b + 1),
                qb[ks][0], qb[ks][1]);
     }
   } else if constexpr (KF == kTq2) {
-    const uint2 r0 = *reinterpret_cast<const uint2*>(row0 + 8 * c);
-    const uint2 r1 = *reinterpret_cast<const uint2*>(row1 + 8 * c);
-    const uint32_t w0[2] = {r0.x, r0.y}, w1[2] = {r1.x, r1.y};
+    constexpr int W = D / 64;  // D/4 2-bit indices: D/16 bytes
+    uint32_t w0[W], w1[W];
+    load_words<W>(row0 + 4 * W * c, w0);
+    load_words<W>(row1 + 4 * W * c, w1);
 #pragma unroll
-    for (int ks = 0; ks < 8; ++ks) {
+    for (int ks = 0; ks < kSteps; ++ks) {
       const uint32_t b0 = byte_of(w0[ks >> 2], ks & 3), b1 = byte_of(w1[ks >> 2], ks & 3);
       mma16816(acc, lut[(b0 & 15u) * kRowWords], lut[(b1 & 15u) * kRowWords], lut[(b0 >> 4) * kRowWords],
                lut[(b1 >> 4) * kRowWords], qb[ks][0], qb[ks][1]);
     }
   } else if constexpr (KF == kTq3) {
-    const uint2 r0 = *reinterpret_cast<const uint2*>(row0 + 8 * c);
-    const uint2 r1 = *reinterpret_cast<const uint2*>(row1 + 8 * c);
-    const uint32_t h0 = *reinterpret_cast<const uint32_t*>(row0 + 32 + 4 * c);
-    const uint32_t h1 = *reinterpret_cast<const uint32_t*>(row1 + 32 + 4 * c);
-    const uint32_t w0[2] = {r0.x, r0.y}, w1[2] = {r1.x, r1.y};
+    constexpr int W = D / 64;  // the low 2-bit plane as tq2, then the high-bit plane (D/8 bytes)
+    uint32_t w0[W], w1[W];
+    load_words<W>(row0 + 4 * W * c, w0);
+    load_words<W>(row1 + 4 * W * c, w1);
+    const uint32_t h0 = load_bytes<D / 32>(row0 + D / 4 + (D / 32) * c);
+    const uint32_t h1 = load_bytes<D / 32>(row1 + D / 4 + (D / 32) * c);
     // Pair (coordinate u, u + 1) of a k-step as the 6-bit entry idx_u | idx_(u+1) << 3.
     auto entries = [](uint32_t lo, uint32_t hn, uint32_t& e01, uint32_t& e23) {
       const uint32_t i0 = (lo & 3u) | ((hn & 1u) << 2), i1 = ((lo >> 2) & 3u) | ((hn & 2u) << 1);
@@ -216,18 +247,18 @@ __device__ __forceinline__ void score_tile(const uint8_t* row0, const uint8_t* r
       e23 = i2 | (i3 << 3);
     };
 #pragma unroll
-    for (int ks = 0; ks < 8; ++ks) {
+    for (int ks = 0; ks < kSteps; ++ks) {
       uint32_t a01, a23, b01, b23;
       entries(byte_of(w0[ks >> 2], ks & 3), (h0 >> (4 * ks)) & 15u, a01, a23);
       entries(byte_of(w1[ks >> 2], ks & 3), (h1 >> (4 * ks)) & 15u, b01, b23);
       mma16816(acc, lut[a01 * kRowWords], lut[b01 * kRowWords], lut[a23 * kRowWords], lut[b23 * kRowWords], qb[ks][0],
                qb[ks][1]);
     }
-  } else {  // fp16: coordinates 32c + 4ks .. +3 are words 2ks, 2ks+1 of the lane's 64 bytes
-    const uint4* p0 = reinterpret_cast<const uint4*>(row0 + 64 * c);
-    const uint4* p1 = reinterpret_cast<const uint4*>(row1 + 64 * c);
+  } else {  // fp16: coordinates (D/4)c + 4ks .. +3 are words 2ks, 2ks+1 of the lane's D/2 bytes
+    const uint4* p0 = reinterpret_cast<const uint4*>(row0 + (D / 2) * c);
+    const uint4* p1 = reinterpret_cast<const uint4*>(row1 + (D / 2) * c);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < D / 32; ++i) {
       const uint4 x = p0[i], y = p1[i];
       mma16816(acc, x.x, y.x, x.y, y.y, qb[2 * i][0], qb[2 * i][1]);
       mma16816(acc, x.z, y.z, x.w, y.w, qb[2 * i + 1][0], qb[2 * i + 1][1]);
@@ -235,79 +266,82 @@ __device__ __forceinline__ void score_tile(const uint8_t* row0, const uint8_t* r
   }
 }
 
-// O^T[128 x 8 heads] += V^T[128 x 16 tokens] . P'^T[16 tokens x 8 heads]:
-// V^T is the A operand, 8 m-tiles of 16 coordinates. The lane's A operand of
-// m-tile mt is coordinate 16g + 2mt (a0: tokens 2c, 2c+1; a2: tokens 2c+8,
-// 2c+9) and 16g + 2mt + 1 (a1, a3): two tokens' index words are merged with
+// O^T[D x 8 heads] += V^T[D x 16 tokens] . P'^T[16 tokens x 8 heads]:
+// V^T is the A operand, D/16 m-tiles of 16 coordinates. The lane's A operand
+// of m-tile mt is coordinate (D/8)g + 2mt (a0: tokens 2c, 2c+1; a2: tokens
+// 2c+8, 2c+9) and (D/8)g + 2mt + 1 (a1, a3): two tokens' index words are merged with
 // shifts and LOP3s into bytes that index the same pair table as K. `valid`
 // masks tokens past the chunk's end: their fp16 rows may hold anything
 // (stale slots), and 0 * NaN would poison O.
-template <int VF, int kRowWords>
+template <int VF, int kRowWords, int D>
 __device__ __forceinline__ void value_tile(const uint8_t* rows, int c, int g, const uint32_t* lut, uint32_t table,
                                            uint32_t lane4, const uint32_t (&pb)[2], const bool (&valid)[4],
-                                           float (&o)[8][4]) {
+                                           float (&o)[D / 16][4]) {
   const int tok[4] = {2 * c, 2 * c + 1, 2 * c + 8, 2 * c + 9};
-  constexpr int RB = row_bytes(VF);
+  constexpr int RB = row_bytes(VF, D), kMTiles = D / 16;
   if constexpr (VF == kTq4) {
-    uint32_t lo[2][2], hi[2][2];  // [token pair][word]: byte k of lo/hi holds coordinate 16g + 8w + 2k (+1)
+    constexpr int W = D / 64;  // words of a token's D/8 coordinates (D/16 bytes)
+    uint32_t lo[2][W], hi[2][W];  // [token pair][word]: byte k of lo/hi holds coordinate (D/8)g + 8w + 2k (+1)
 #pragma unroll
     for (int p = 0; p < 2; ++p) {
-      const uint2 A = *reinterpret_cast<const uint2*>(rows + tok[2 * p] * RB + 8 * g);
-      const uint2 B = *reinterpret_cast<const uint2*>(rows + tok[2 * p + 1] * RB + 8 * g);
-      const uint32_t aw[2] = {A.x, A.y}, bw[2] = {B.x, B.y};
+      uint32_t aw[W], bw[W];
+      load_words<W>(rows + tok[2 * p] * RB + 4 * W * g, aw);
+      load_words<W>(rows + tok[2 * p + 1] * RB + 4 * W * g, bw);
 #pragma unroll
-      for (int w = 0; w < 2; ++w) {
+      for (int w = 0; w < W; ++w) {
         lo[p][w] = (aw[w] & 0x0F0F0F0Fu) | ((bw[w] << 4) & 0xF0F0F0F0u);
         hi[p][w] = ((aw[w] >> 4) & 0x0F0F0F0Fu) | (bw[w] & 0xF0F0F0F0u);
       }
     }
 #pragma unroll
-    for (int mt = 0; mt < 8; ++mt) {
+    for (int mt = 0; mt < kMTiles; ++mt) {
       const int w = mt >> 2, k = mt & 3;
       mma16816(o[mt], lookup<kRowWords>(table, lane4, lo[0][w], k), lookup<kRowWords>(table, lane4, hi[0][w], k),
                lookup<kRowWords>(table, lane4, lo[1][w], k), lookup<kRowWords>(table, lane4, hi[1][w], k), pb[0], pb[1]);
     }
   } else if constexpr (VF == kTq2) {
-    uint32_t x[2], y[2];  // nibble k: coordinate 16g + 2k (x) and 16g + 2k + 1 (y) of both tokens
+    uint32_t x[2], y[2];  // nibble k: coordinate (D/8)g + 2k (x) and (D/8)g + 2k + 1 (y) of both tokens
 #pragma unroll
     for (int p = 0; p < 2; ++p) {
-      const uint32_t A = *reinterpret_cast<const uint32_t*>(rows + tok[2 * p] * RB + 4 * g);
-      const uint32_t B = *reinterpret_cast<const uint32_t*>(rows + tok[2 * p + 1] * RB + 4 * g);
+      const uint32_t A = load_bytes<D / 32>(rows + tok[2 * p] * RB + (D / 32) * g);
+      const uint32_t B = load_bytes<D / 32>(rows + tok[2 * p + 1] * RB + (D / 32) * g);
       x[p] = (A & 0x33333333u) | ((B & 0x33333333u) << 2);
       y[p] = ((A >> 2) & 0x33333333u) | (B & 0xCCCCCCCCu);
     }
 #pragma unroll
-    for (int mt = 0; mt < 8; ++mt)
+    for (int mt = 0; mt < kMTiles; ++mt)
       mma16816(o[mt], lut[((x[0] >> (4 * mt)) & 15u) * kRowWords], lut[((y[0] >> (4 * mt)) & 15u) * kRowWords],
                lut[((x[1] >> (4 * mt)) & 15u) * kRowWords], lut[((y[1] >> (4 * mt)) & 15u) * kRowWords], pb[0], pb[1]);
   } else if constexpr (VF == kTq3) {
     uint32_t lw[4], hw[4];
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
-      lw[t] = *reinterpret_cast<const uint32_t*>(rows + tok[t] * RB + 4 * g);
-      hw[t] = *reinterpret_cast<const uint16_t*>(rows + tok[t] * RB + 32 + 2 * g);
+      lw[t] = load_bytes<D / 32>(rows + tok[t] * RB + (D / 32) * g);
+      hw[t] = load_bytes<D / 64>(rows + tok[t] * RB + D / 4 + (D / 64) * g);
     }
-    auto entry = [&](int t0, int m) {  // tokens t0, t0 + 1 at coordinate 16g + m
+    auto entry = [&](int t0, int m) {  // tokens t0, t0 + 1 at coordinate (D/8)g + m
       const uint32_t i0 = ((lw[t0] >> (2 * m)) & 3u) | (((hw[t0] >> m) & 1u) << 2);
       const uint32_t i1 = ((lw[t0 + 1] >> (2 * m)) & 3u) | (((hw[t0 + 1] >> m) & 1u) << 2);
       return (i0 | (i1 << 3)) * kRowWords;
     };
 #pragma unroll
-    for (int mt = 0; mt < 8; ++mt)
+    for (int mt = 0; mt < kMTiles; ++mt)
       mma16816(o[mt], lut[entry(0, 2 * mt)], lut[entry(0, 2 * mt + 1)], lut[entry(2, 2 * mt)],
                lut[entry(2, 2 * mt + 1)], pb[0], pb[1]);
-  } else {  // fp16: coordinates 16g .. 16g+15 are 8 words of each token's row; word mt = coordinates 2mt, 2mt+1
-    uint32_t w[4][8];
+  } else {  // fp16: coordinates (D/8)g .. +D/8-1 are D/16 words of each token's row; word mt = coordinates 2mt, 2mt+1
+    uint32_t w[4][kMTiles];
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
-      const uint4* p = reinterpret_cast<const uint4*>(rows + tok[t] * RB + 32 * g);
-      const uint4 v0 = p[0], v1 = p[1];
+      const uint4* p = reinterpret_cast<const uint4*>(rows + tok[t] * RB + (D / 4) * g);
       const uint32_t m = valid[t] ? 0xffffffffu : 0u;
-      w[t][0] = v0.x & m, w[t][1] = v0.y & m, w[t][2] = v0.z & m, w[t][3] = v0.w & m;
-      w[t][4] = v1.x & m, w[t][5] = v1.y & m, w[t][6] = v1.z & m, w[t][7] = v1.w & m;
+#pragma unroll
+      for (int i = 0; i < kMTiles / 4; ++i) {
+        const uint4 v = p[i];
+        w[t][4 * i] = v.x & m, w[t][4 * i + 1] = v.y & m, w[t][4 * i + 2] = v.z & m, w[t][4 * i + 3] = v.w & m;
+      }
     }
 #pragma unroll
-    for (int mt = 0; mt < 8; ++mt)
+    for (int mt = 0; mt < kMTiles; ++mt)
       mma16816(o[mt], __byte_perm(w[0][mt], w[1][mt], 0x5410u), __byte_perm(w[0][mt], w[1][mt], 0x7632u),
                __byte_perm(w[2][mt], w[3][mt], 0x5410u), __byte_perm(w[2][mt], w[3][mt], 0x7632u), pb[0], pb[1]);
   }
@@ -343,17 +377,17 @@ __device__ __forceinline__ void fill_lut(uint32_t* lut, int f, const float* cent
 //    pays on long streams (batch 8 / 32k 127 -> 123 us, batch 1 / 32k 38 ->
 //    36 us) and costs on short ones (batch 1 / 4k 20.8 -> 23.7 us: twice the
 //    table to fill, 16 warps to merge), so plan_decode picks it by the work.
-__host__ __device__ constexpr bool packed_pair(int kf, int vf) {
-  return (row_bytes(kf) + row_bytes(vf)) * kTile < 4096;
+__host__ __device__ constexpr bool packed_pair(int kf, int vf, int d) {
+  return (row_bytes(kf, d) + row_bytes(vf, d)) * kTile < 4096;
 }
-__host__ __device__ constexpr int warps_per_cta(int kf, int vf, bool wide) {
-  return !packed_pair(kf, vf) ? 4 : wide ? 16 : 8;
+__host__ __device__ constexpr int warps_per_cta(int kf, int vf, bool wide, int d) {
+  return !packed_pair(kf, vf, d) ? 4 : wide ? 16 : 8;
 }
 
-template <int KF, int VF, bool kWide>
+template <int KF, int VF, bool kWide, int D>
 struct TileLayout {
-  static constexpr int KR = row_bytes(KF), VR = row_bytes(VF);
-  static constexpr int kWarps = warps_per_cta(KF, VF, kWide);
+  static constexpr int KR = row_bytes(KF, D), VR = row_bytes(VF, D);
+  static constexpr int kWarps = warps_per_cta(KF, VF, kWide, D);
   static constexpr int kCtasPerSm = kWarps == 16 ? 1 : 2;
   static constexpr int kRowWords = kWarps == 16 ? 64 : 32;  // words per table entry row
   static constexpr int kStages = 3;
@@ -376,10 +410,10 @@ __device__ __forceinline__ void copy_pieces(uint8_t* dst, const std::byte* src, 
     if (kPieces % 32 == 0 || 32 * i + lane < kPieces) cp_async16(dst + 16 * (32 * i + lane), src + 16 * (32 * i + lane));
 }
 
-template <int KF, int VF, bool kWide>
-__global__ void __launch_bounds__(TileLayout<KF, VF, kWide>::kWarps * 32, TileLayout<KF, VF, kWide>::kCtasPerSm)
+template <int KF, int VF, bool kWide, int D>
+__global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32, TileLayout<KF, VF, kWide, D>::kCtasPerSm)
     attend_kernel(AttnArgs a) {
-  using L = TileLayout<KF, VF, kWide>;
+  using L = TileLayout<KF, VF, kWide, D>;
   constexpr int KR = L::KR, VR = L::VR, S = L::kStages, kWarps = L::kWarps, kThreads = 32 * kWarps;
   extern __shared__ float4 smem_f4[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(smem_f4);
@@ -474,13 +508,13 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide>::kWarps * 32, TileLa
 
   // Query fragment (B of the score mma): column g is query head h*group + g
   // (zero past the group), rows in the K operand's coordinate order.
-  uint32_t qb[8][2];
+  uint32_t qb[D / 16][2];
   {
-    const float* qrow = a.q + ((static_cast<int64_t>(r) * a.num_q_heads + h * a.group) + g) * kD;
+    const float* qrow = a.q + ((static_cast<int64_t>(r) * a.num_q_heads + h * a.group) + g) * D;
 #pragma unroll
-    for (int ks = 0; ks < 8; ++ks) {
+    for (int ks = 0; ks < D / 16; ++ks) {
       float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (g < a.group) x = *reinterpret_cast<const float4*>(qrow + 32 * c + 4 * ks);
+      if (g < a.group) x = *reinterpret_cast<const float4*>(qrow + (D / 4) * c + 4 * ks);
       qb[ks][0] = pack_half2(x.x * a.q_scale, x.y * a.q_scale);
       qb[ks][1] = pack_half2(x.z * a.q_scale, x.w * a.q_scale);
     }
@@ -488,10 +522,11 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide>::kWarps * 32, TileLa
   __syncthreads();  // tables filled
 
   // O^T accumulators: m-tile mt, c0/c1 = heads 2c, 2c+1 at coordinate
-  // 16g + 2mt, c2/c3 = the same heads at 16g + 2mt + 1.
-  float o[8][4];
+  // (D/8)g + 2mt, c2/c3 = the same heads at (D/8)g + 2mt + 1.
+  constexpr int kMTiles = D / 16;
+  float o[kMTiles][4];
 #pragma unroll
-  for (int mt = 0; mt < 8; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.0f;
+  for (int mt = 0; mt < kMTiles; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.0f;
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;  // heads 2c, 2c+1
 
   int stage = 0;
@@ -506,7 +541,7 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide>::kWarps * 32, TileLa
 
     // s[0], s[1]: token g, heads 2c, 2c+1; s[2], s[3]: token g + 8.
     float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    score_tile<KF, kRowWords>(st + g * KR, st + (g + 8) * KR, c, lut_k, table_k, lane4, qb, s);
+    score_tile<KF, kRowWords, D>(st + g * KR, st + (g + 8) * KR, c, lut_k, table_k, lane4, qb, s);
     const bool valid0 = tok0 + g < t1, valid1 = tok0 + g + 8 < t1;
     float ks0 = 1.0f, ks1 = 1.0f, vs0 = 1.0f, vs1 = 1.0f;
     if constexpr (quantized(KF)) {
@@ -543,7 +578,7 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide>::kWarps * 32, TileLa
     // multiplies by 1 unless some head of the warp needs them.
     if (__any_sync(0xffffffffu, alpha0 != 1.0f || alpha1 != 1.0f)) {
 #pragma unroll
-      for (int mt = 0; mt < 8; ++mt) {
+      for (int mt = 0; mt < kMTiles; ++mt) {
         o[mt][0] *= alpha0, o[mt][1] *= alpha1;
         o[mt][2] *= alpha0, o[mt][3] *= alpha1;
       }
@@ -553,7 +588,7 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide>::kWarps * 32, TileLa
     const uint32_t pb[2] = {transpose8x8(pack_half2(valid0 ? p0 * vs0 : 0.0f, valid0 ? p1 * vs0 : 0.0f)),
                             transpose8x8(pack_half2(valid1 ? p2 * vs1 : 0.0f, valid1 ? p3 * vs1 : 0.0f))};
     const bool vvalid[4] = {tok0 + 2 * c < t1, tok0 + 2 * c + 1 < t1, tok0 + 2 * c + 8 < t1, tok0 + 2 * c + 9 < t1};
-    value_tile<VF, kRowWords>(st + kTile * KR, c, g, lut_v, table_v, lane4, pb, vvalid, o);
+    value_tile<VF, kRowWords, D>(st + kTile * KR, c, g, lut_v, table_v, lane4, pb, vvalid, o);
     __syncwarp();  // the stage is refilled by the next iteration's issue
   }
   cp_async_wait<0>();
@@ -562,7 +597,7 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide>::kWarps * 32, TileLa
 
   // Merge the warps' states: [warp][8 heads][d] outputs, then m and l.
   float* mo = reinterpret_cast<float*>(stages);
-  float* mm = mo + kWarps * 8 * kD;
+  float* mm = mo + kWarps * 8 * D;
   float* ml = mm + kWarps * 8;
 #pragma unroll
   for (int off = 4; off < 32; off *= 2) {
@@ -573,17 +608,17 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide>::kWarps * 32, TileLa
     mm[warp * 8 + 2 * c] = m0, ml[warp * 8 + 2 * c] = l0;
     mm[warp * 8 + 2 * c + 1] = m1, ml[warp * 8 + 2 * c + 1] = l1;
   }
-  float* base = mo + warp * 8 * kD;
+  float* base = mo + warp * 8 * D;
 #pragma unroll
-  for (int mt = 0; mt < 8; ++mt) {
-    base[(2 * c) * kD + 16 * g + 2 * mt] = o[mt][0];
-    base[(2 * c + 1) * kD + 16 * g + 2 * mt] = o[mt][1];
-    base[(2 * c) * kD + 16 * g + 2 * mt + 1] = o[mt][2];
-    base[(2 * c + 1) * kD + 16 * g + 2 * mt + 1] = o[mt][3];
+  for (int mt = 0; mt < kMTiles; ++mt) {
+    base[(2 * c) * D + (D / 8) * g + 2 * mt] = o[mt][0];
+    base[(2 * c + 1) * D + (D / 8) * g + 2 * mt] = o[mt][1];
+    base[(2 * c) * D + (D / 8) * g + 2 * mt + 1] = o[mt][2];
+    base[(2 * c + 1) * D + (D / 8) * g + 2 * mt + 1] = o[mt][3];
   }
   __syncthreads();
-  for (int t = threadIdx.x; t < a.group * kD; t += kThreads) {
-    const int head = t / kD, j = t % kD;
+  for (int t = threadIdx.x; t < a.group * D; t += kThreads) {
+    const int head = t / D, j = t % D;
     float M = -INFINITY;
     for (int w2 = 0; w2 < kWarps; ++w2) M = fmaxf(M, mm[w2 * 8 + head]);
     float total = 0.0f, acc = 0.0f;
@@ -592,50 +627,55 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide>::kWarps * 32, TileLa
       if (mw == -INFINITY) continue;  // a warp without tiles
       const float f = exp2f(mw - M);
       total += f * ml[w2 * 8 + head];
-      acc += f * mo[(w2 * 8 + head) * kD + j];
+      acc += f * mo[(w2 * 8 + head) * D + j];
     }
     const int64_t out_row = (static_cast<int64_t>(r) * a.num_q_heads + h * a.group + head) * a.max_splits + split;
-    a.part_out[out_row * kD + j] = acc / total;
+    a.part_out[out_row * D + j] = acc / total;
     if (j == 0) a.part_lse[out_row] = M + log2f(total);
   }
 }
 
-// The dense 128 x 128 products of the two small kernels (q @ M, o @ M^T) are
-// split over 4 x 128 threads: thread (part, j) sums i in [32 part, 32 part + 32)
-// for column j with its 32 matrix entries loaded at once. With one thread per
-// column doing all 128 terms, the loads of M (cold after the K/V stream has
-// gone through L2) were 128 dependent round trips: ~90 us at batch 1.
-constexpr int kRotThreads = 4 * kD;
+// The dense D x D products of the two small kernels (q @ M, o @ M^T) are
+// split over 4 x D threads: thread (part, j) sums the D/4 terms i in
+// [(D/4) part, (D/4)(part + 1)) for column j with its matrix entries loaded
+// at once. With one thread per column doing all D terms, the loads of M
+// (cold after the K/V stream has gone through L2) were 128 dependent round
+// trips at d = 128: ~90 us at batch 1.
+template <int D>
+constexpr int kRotThreads = 4 * D;
 
-// This thread's 32 entries of mat (rows 32 part .. 32 part + 31, column j):
-// loaded apart from small_matmul so the kernels can issue them (the matrix is
+// This thread's D/4 entries of mat (rows (D/4) part .., column j): loaded
+// apart from small_matmul so the kernels can issue them (the matrix is
 // constant) before waiting for the previous kernel.
-__device__ __forceinline__ void load_matrix_slice(const float* mat, float (&m)[32]) {
-  const int j = threadIdx.x % kD, part = threadIdx.x / kD;
+template <int D>
+__device__ __forceinline__ void load_matrix_slice(const float* mat, float (&m)[D / 4]) {
+  const int j = threadIdx.x % D, part = threadIdx.x / D;
 #pragma unroll
-  for (int i = 0; i < 32; ++i) m[i] = mat[(32 * part + i) * kD + j];
+  for (int i = 0; i < D / 4; ++i) m[i] = mat[((D / 4) * part + i) * D + j];
 }
 
 // out[g][j] = sum_i in[g][i] * mat[i][j] for g < group, through red (4
 // partial sums); m is this thread's load_matrix_slice of mat.
-__device__ __forceinline__ void small_matmul(const float (*in)[kD], const float (&m)[32], int group,
-                                             float (*red)[kDeviceMaxGroup][kD]) {
-  const int j = threadIdx.x % kD, part = threadIdx.x / kD;
+template <int D>
+__device__ __forceinline__ void small_matmul(const float (*in)[D], const float (&m)[D / 4], int group,
+                                             float (*red)[kDeviceMaxGroup][D]) {
+  const int j = threadIdx.x % D, part = threadIdx.x / D;
   for (int g = 0; g < group; ++g) {
     float acc = 0.0f;
 #pragma unroll
-    for (int i = 0; i < 32; ++i) acc = fmaf(in[g][32 * part + i], m[i], acc);
+    for (int i = 0; i < D / 4; ++i) acc = fmaf(in[g][(D / 4) * part + i], m[i], acc);
     red[part][g][j] = acc;
   }
 }
 
 // q' = (q @ M) * scale_log2 for quantized K, one CTA per
 // (row, KV head): M is read once for the whole group.
-__global__ void __launch_bounds__(kRotThreads) rotate_queries_kernel(const float* q, const float* m, float* out,
-                                                                     int num_q_heads, int group, float scale_log2) {
+template <int D>
+__global__ void __launch_bounds__(kRotThreads<D>) rotate_queries_kernel(const float* q, const float* m, float* out,
+                                                                        int num_q_heads, int group, float scale_log2) {
   // The rotation is constant: its loads go out before waiting.
-  float mslice[32];
-  load_matrix_slice(m, mslice);
+  float mslice[D / 4];
+  load_matrix_slice<D>(m, mslice);
   // Launched with PDL itself: q is the previous kernel's output. The K/V
   // pages the attention kernel prefetches before its own wait were written by
   // the append kernel before that one, complete once this wait returns.
@@ -643,28 +683,30 @@ __global__ void __launch_bounds__(kRotThreads) rotate_queries_kernel(const float
   // The attention kernel may start now: it prefetches K/V and builds its
   // tables, then waits for this grid's writes before reading the queries.
   cuda::pdl_launch_dependents();
-  __shared__ float qs[kDeviceMaxGroup][kD];
-  __shared__ float red[4][kDeviceMaxGroup][kD];
+  __shared__ float qs[kDeviceMaxGroup][D];
+  __shared__ float red[4][kDeviceMaxGroup][D];
   const int r = blockIdx.x, h = blockIdx.y;
-  const int64_t base = (static_cast<int64_t>(r) * num_q_heads + h * group) * kD;
-  for (int t = threadIdx.x; t < group * kD; t += kRotThreads) qs[t / kD][t % kD] = q[base + t];
+  const int64_t base = (static_cast<int64_t>(r) * num_q_heads + h * group) * D;
+  for (int t = threadIdx.x; t < group * D; t += kRotThreads<D>) qs[t / D][t % D] = q[base + t];
   __syncthreads();
-  small_matmul(qs, mslice, group, red);
+  small_matmul<D>(qs, mslice, group, red);
   __syncthreads();
-  for (int t = threadIdx.x; t < group * kD; t += kRotThreads) {
-    const int g = t / kD, j = t % kD;
+  for (int t = threadIdx.x; t < group * D; t += kRotThreads<D>) {
+    const int g = t / D, j = t % D;
     out[base + t] = ((red[0][g][j] + red[1][g][j]) + (red[2][g][j] + red[3][g][j])) * scale_log2;
   }
 }
 
 // out[row][qh] = sum_c 2^(lse_c - M) o_c / sum_c 2^(lse_c - M) over the row's
 // chunks, then @ M^T when V is rotated. In place when part_out == out (one chunk).
-__global__ void __launch_bounds__(kRotThreads) merge_kernel(AttnArgs a, const float* mt, float* out, __half* out16) {
-  float mslice[32];  // the constant un-rotation, requested before waiting
-  if (mt != nullptr) load_matrix_slice(mt, mslice);
+template <int D>
+__global__ void __launch_bounds__(kRotThreads<D>) merge_kernel(AttnArgs a, const float* mt, float* out,
+                                                               __half* out16) {
+  float mslice[D / 4];  // the constant un-rotation, requested before waiting
+  if (mt != nullptr) load_matrix_slice<D>(mt, mslice);
   cuda::pdl_wait();
-  __shared__ float ys[kDeviceMaxGroup][kD];
-  __shared__ float red[4][kDeviceMaxGroup][kD];
+  __shared__ float ys[kDeviceMaxGroup][D];
+  __shared__ float red[4][kDeviceMaxGroup][D];
   const int r = blockIdx.x, h = blockIdx.y;
   int table_row;
   int64_t len;
@@ -677,7 +719,7 @@ __global__ void __launch_bounds__(kRotThreads) merge_kernel(AttnArgs a, const fl
   // for 32 chunks at batch 1); the second took the maxima in a pass of its
   // own, with the log-sum-exps through shared memory: three more dependent
   // round trips and four barriers before the first sum.
-  constexpr int kItems = kDeviceMaxGroup * kD / kRotThreads, kMergeUnroll = 16;
+  constexpr int kItems = kDeviceMaxGroup * D / kRotThreads<D>, kMergeUnroll = 16;
   const int64_t head_base = (static_cast<int64_t>(r) * a.num_q_heads + h * a.group) * a.max_splits;
   float running_max[kItems], total[kItems], acc[kItems];
 #pragma unroll
@@ -685,15 +727,15 @@ __global__ void __launch_bounds__(kRotThreads) merge_kernel(AttnArgs a, const fl
   for (int s0 = 0; s0 < n_chunks; s0 += kMergeUnroll) {
 #pragma unroll
     for (int k = 0; k < kItems; ++k) {
-      const int t = threadIdx.x + k * kRotThreads;
-      if (t >= a.group * kD) break;
-      const int64_t row0 = head_base + static_cast<int64_t>(t / kD) * a.max_splits + s0;
+      const int t = threadIdx.x + k * kRotThreads<D>;
+      if (t >= a.group * D) break;
+      const int64_t row0 = head_base + static_cast<int64_t>(t / D) * a.max_splits + s0;
       float lse[kMergeUnroll], v[kMergeUnroll];
 #pragma unroll
       for (int u = 0; u < kMergeUnroll; ++u) {
         const bool in = s0 + u < n_chunks;
         lse[u] = in ? a.part_lse[row0 + u] : -INFINITY;
-        v[u] = in ? a.part_out[(row0 + u) * kD + t % kD] : 0.0f;
+        v[u] = in ? a.part_out[(row0 + u) * D + t % D] : 0.0f;
       }
       float block_max = running_max[k];
 #pragma unroll
@@ -713,23 +755,23 @@ __global__ void __launch_bounds__(kRotThreads) merge_kernel(AttnArgs a, const fl
   }
 #pragma unroll
   for (int k = 0; k < kItems; ++k) {
-    const int t = threadIdx.x + k * kRotThreads;
-    if (t < a.group * kD) ys[t / kD][t % kD] = acc[k] / total[k];
+    const int t = threadIdx.x + k * kRotThreads<D>;
+    if (t < a.group * D) ys[t / D][t % D] = acc[k] / total[k];
   }
   __syncthreads();
-  const int64_t out_base = (static_cast<int64_t>(r) * a.num_q_heads + h * a.group) * kD;
+  const int64_t out_base = (static_cast<int64_t>(r) * a.num_q_heads + h * a.group) * D;
   auto store = [&](int t, float v) {
     if (out16 != nullptr) out16[out_base + t] = __float2half_rn(v);
     else out[out_base + t] = v;
   };
   if (mt == nullptr) {
-    for (int t = threadIdx.x; t < a.group * kD; t += kRotThreads) store(t, ys[t / kD][t % kD]);
+    for (int t = threadIdx.x; t < a.group * D; t += kRotThreads<D>) store(t, ys[t / D][t % D]);
     return;
   }
-  small_matmul(ys, mslice, a.group, red);
+  small_matmul<D>(ys, mslice, a.group, red);
   __syncthreads();
-  for (int t = threadIdx.x; t < a.group * kD; t += kRotThreads) {
-    const int g = t / kD, j = t % kD;
+  for (int t = threadIdx.x; t < a.group * D; t += kRotThreads<D>) {
+    const int g = t / D, j = t % D;
     store(t, (red[0][g][j] + red[1][g][j]) + (red[2][g][j] + red[3][g][j]));
   }
 }
@@ -748,54 +790,58 @@ int fmt_of(KvFormat f) {
   return kFp16;
 }
 
-template <int KF, int VF, bool kWide>
+template <int KF, int VF, bool kWide, int D>
 void launch_attend(const AttnArgs& a, dim3 grid, cudaStream_t stream) {
-  using L = TileLayout<KF, VF, kWide>;
+  using L = TileLayout<KF, VF, kWide, D>;
   const int lut_bytes = 4 * L::kRowWords * (lut_entries(KF) + (VF == KF ? 0 : lut_entries(VF)));
   // The epilogue's region: the warps' outputs, then their m and l.
-  const int merge_bytes = 4 * (L::kWarps * 8 * kD + 2 * L::kWarps * 8);
+  const int merge_bytes = 4 * (L::kWarps * 8 * D + 2 * L::kWarps * 8);
   const int smem = lut_bytes + std::max(L::kWarps * L::kStages * L::kStageBytes, merge_bytes);
   static int configured = 0;
   if (configured < smem) {
     LOWBIT_CUDA_CHECK(
-        cudaFuncSetAttribute(attend_kernel<KF, VF, kWide>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        cudaFuncSetAttribute(attend_kernel<KF, VF, kWide, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     configured = smem;
   }
-  cuda::launch_with_pdl(attend_kernel<KF, VF, kWide>, grid, dim3(32 * L::kWarps), static_cast<size_t>(smem), stream, a);
+  cuda::launch_with_pdl(attend_kernel<KF, VF, kWide, D>, grid, dim3(32 * L::kWarps), static_cast<size_t>(smem), stream, a);
 }
 
-template <int KF, int VF>
+// The wide layout is built for d = 128 only (plan_decode never picks it at
+// d = 64): it pays on long streams of Qwen3-sized heads, and each layout is
+// 16 more kernels to compile.
+template <int KF, int VF, int D>
 void launch_layout(bool wide, const AttnArgs& a, dim3 grid, cudaStream_t stream) {
-  if constexpr (packed_pair(KF, VF)) {
-    if (wide) return launch_attend<KF, VF, true>(a, grid, stream);
+  if constexpr (D == 128 && packed_pair(KF, VF, D)) {
+    if (wide) return launch_attend<KF, VF, true, D>(a, grid, stream);
   }
-  launch_attend<KF, VF, false>(a, grid, stream);
+  launch_attend<KF, VF, false, D>(a, grid, stream);
 }
 
-template <int KF>
+template <int KF, int D>
 void dispatch_v(int vf, bool wide, const AttnArgs& a, dim3 grid, cudaStream_t stream) {
   switch (vf) {
     case kTq4:
-      return launch_layout<KF, kTq4>(wide, a, grid, stream);
+      return launch_layout<KF, kTq4, D>(wide, a, grid, stream);
     case kTq3:
-      return launch_layout<KF, kTq3>(wide, a, grid, stream);
+      return launch_layout<KF, kTq3, D>(wide, a, grid, stream);
     case kTq2:
-      return launch_layout<KF, kTq2>(wide, a, grid, stream);
+      return launch_layout<KF, kTq2, D>(wide, a, grid, stream);
     default:
-      return launch_layout<KF, kFp16>(wide, a, grid, stream);
+      return launch_layout<KF, kFp16, D>(wide, a, grid, stream);
   }
 }
 
+template <int D>
 void dispatch(int kf, int vf, bool wide, const AttnArgs& a, dim3 grid, cudaStream_t stream) {
   switch (kf) {
     case kTq4:
-      return dispatch_v<kTq4>(vf, wide, a, grid, stream);
+      return dispatch_v<kTq4, D>(vf, wide, a, grid, stream);
     case kTq3:
-      return dispatch_v<kTq3>(vf, wide, a, grid, stream);
+      return dispatch_v<kTq3, D>(vf, wide, a, grid, stream);
     case kTq2:
-      return dispatch_v<kTq2>(vf, wide, a, grid, stream);
+      return dispatch_v<kTq2, D>(vf, wide, a, grid, stream);
     default:
-      return dispatch_v<kFp16>(vf, wide, a, grid, stream);
+      return dispatch_v<kFp16, D>(vf, wide, a, grid, stream);
   }
 }
 
@@ -841,10 +887,11 @@ DecodePlan plan_decode(const KvCacheConfig& config, int rows, int64_t max_length
   // 8) and lost at 128k (batch 1 88.5 against 80.1 us, batch 8 529 against
   // 465 us), where one CTA per SM leaves the long chunks' uneven progress
   // across SMs uncovered.
-  if (packed_pair(kf, vf))
+  const int d = config.head_dim;
+  if (packed_pair(kf, vf, d) && d == 128)
     plan.wide = forced_warps == 16 ||
                 (forced_warps == 0 && pairs <= sms && pairs * tiles >= 64 * sms && tiles <= 2048);
-  const int warps = warps_per_cta(kf, vf, plan.wide);
+  const int warps = warps_per_cta(kf, vf, plan.wide, d);
   const int64_t slots = (warps == 8 ? 2 : 1) * sms;
   const int64_t tiles_per_page = std::max(config.page_size / kTile, 1);
   constexpr int64_t kFixedTiles = 4;
@@ -885,18 +932,24 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
   const int64_t split = options.split_tokens > 0 ? std::min(options.split_tokens, whole) : plan.split_tokens;
   const int max_splits = static_cast<int>((max_length + split - 1) / split);
   LOWBIT_CHECK_ARG(max_splits <= 65535, "split_tokens", split, "at most 65535 chunks per row");
-  const float scale = options.softmax_scale > 0.0f ? options.softmax_scale : 1.0f / std::sqrt(float{kD});
+  const int d = cfg.head_dim;
+  const float scale = options.softmax_scale > 0.0f ? options.softmax_scale : 1.0f / std::sqrt(static_cast<float>(d));
 
-  const size_t q_floats = static_cast<size_t>(rows) * num_q_heads * kD;
+  const size_t q_floats = static_cast<size_t>(rows) * num_q_heads * d;
   const bool k_rot = is_quantized(cfg.k_format), v_rot = is_quantized(cfg.v_format);
   // Quantized K: q' = q @ M by a kernel of its own (rotating inside each
   // attention CTA instead, 64 KB of M read per CTA, measured 3-4 us slower
   // for tq4 K/V at batch 1 and 8). fp16 K: the attention kernel scales q
   // itself, one launch fewer (2-3 us at batch 1).
   float* q_rot = k_rot ? ws.q_rotated(q_floats) : nullptr;
-  if (k_rot)
-    cuda::launch_with_pdl(rotate_queries_kernel, dim3(rows, H), dim3(kRotThreads), 0, stream, q,
-                          cache.rotation(layer), q_rot, num_q_heads, group, scale * kLog2e);
+  if (k_rot) {
+    if (d == 64)
+      cuda::launch_with_pdl(rotate_queries_kernel<64>, dim3(rows, H), dim3(kRotThreads<64>), 0, stream, q,
+                            cache.rotation(layer), q_rot, num_q_heads, group, scale * kLog2e);
+    else
+      cuda::launch_with_pdl(rotate_queries_kernel<128>, dim3(rows, H), dim3(kRotThreads<128>), 0, stream, q,
+                            cache.rotation(layer), q_rot, num_q_heads, group, scale * kLog2e);
+  }
 
   AttnArgs a{};
   const PageLayout& l = cache.layout();
@@ -928,10 +981,16 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
     const auto& c = vq->codebook().centroids_f32;
     for (size_t i = 0; i < c.size(); ++i) dst[i] = c[i];
   }
-  dispatch(fmt_of(cfg.k_format), fmt_of(cfg.v_format), plan.wide, a, dim3(max_splits, H, rows), stream);
   const float* mt = v_rot ? cache.rotation_t(layer) : nullptr;
-  cuda::launch_with_pdl(merge_kernel, dim3(rows, H), dim3(kRotThreads), 0, stream, a, mt, out,
-                        static_cast<__half*>(options.out_f16));
+  __half* out16 = static_cast<__half*>(options.out_f16);
+  const dim3 grid(max_splits, H, rows);
+  if (d == 64) {
+    dispatch<64>(fmt_of(cfg.k_format), fmt_of(cfg.v_format), plan.wide, a, grid, stream);
+    cuda::launch_with_pdl(merge_kernel<64>, dim3(rows, H), dim3(kRotThreads<64>), 0, stream, a, mt, out, out16);
+  } else {
+    dispatch<128>(fmt_of(cfg.k_format), fmt_of(cfg.v_format), plan.wide, a, grid, stream);
+    cuda::launch_with_pdl(merge_kernel<128>, dim3(rows, H), dim3(kRotThreads<128>), 0, stream, a, mt, out, out16);
+  }
 }
 
 }  // namespace

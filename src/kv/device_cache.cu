@@ -30,8 +30,8 @@ namespace lowbit::kv {
 
 DeviceKvCache::DeviceKvCache(const KvCacheConfig& config) : config_(config) {
   config_.validate();
-  LOWBIT_CHECK_ARG(config_.head_dim == kDeviceHeadDim, "head_dim", config_.head_dim,
-                   "128 (the only head dimension the CUDA kernels are built for)");
+  LOWBIT_CHECK_ARG(device_head_dim_supported(config_.head_dim), "head_dim", config_.head_dim,
+                   "64 or 128 (the head dimensions the CUDA kernels are built for)");
   // The host cache computes the layout; a one-page host cache of the same
   // config is cheap and keeps a single definition of it.
   KvCacheConfig probe = config_;
@@ -207,8 +207,6 @@ float* AttentionWorkspace::partial_lse(size_t floats) { return grow(lse_, floats
 
 namespace {
 
-constexpr int kD = kDeviceHeadDim;
-constexpr int kWriteThreads = kD;    // one thread per coordinate
 constexpr int kWriteVectors = 8;     // vectors quantized together (one load of M[i][j] serves all)
 
 struct PartFormat {
@@ -237,6 +235,8 @@ struct WriteArgs {
   PartFormat part[2];  // key, value
 };
 
+// The kernel runs one thread per coordinate: D threads.
+template <int D>
 __device__ double block_sum_double(double x, double* scratch) {
   for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -244,7 +244,7 @@ __device__ double block_sum_double(double x, double* scratch) {
   if (lane == 0) scratch[warp] = x;
   __syncthreads();
   double s = 0.0;
-  for (int w = 0; w < kWriteThreads / 32; ++w) s += scratch[w];
+  for (int w = 0; w < D / 32; ++w) s += scratch[w];
   return s;
 }
 
@@ -252,8 +252,9 @@ __device__ double block_sum_double(double x, double* scratch) {
 // them all). 8 for prefill-sized calls; 1 for decode, whose 2 x heads x batch
 // vectors would otherwise run on a handful of CTAs, each working through 8
 // vectors one barrier-separated step at a time.
-template <int kVectors>
-__global__ void __launch_bounds__(kWriteThreads) write_kernel(WriteArgs a) {
+template <int kVectors, int D>
+__global__ void __launch_bounds__(D) write_kernel(WriteArgs a) {
+  constexpr int kD = D, kWriteThreads = D;
   extern __shared__ float4 smem_f4[];
   float* m_s = reinterpret_cast<float*>(smem_f4);      // [d][d]
   float* x_s = m_s + kD * kD;                           // [kVectors][d]
@@ -318,7 +319,7 @@ __global__ void __launch_bounds__(kWriteThreads) write_kernel(WriteArgs a) {
     }
     for (int v = 0; v < kVectors; ++v) {
       const double sq = static_cast<double>(xv[v]) * xv[v];
-      gamma_exact[v] = sqrt(block_sum_double(sq, scratch));
+      gamma_exact[v] = sqrt(block_sum_double<D>(sq, scratch));
       const float gamma = static_cast<float>(gamma_exact[v]);
       x_s[v * kD + j] = gamma > 0.0f ? xv[v] / gamma : 0.0f;
     }
@@ -357,7 +358,7 @@ __global__ void __launch_bounds__(kWriteThreads) write_kernel(WriteArgs a) {
       for (int b = 0; b < f.nbounds; ++b) idx += (y[v] >= f.bounds[b]) ? 1 : 0;
       idx_s[v * kD + j] = static_cast<uint8_t>(idx);
       const double c = f.bits <= 4 ? static_cast<double>(f.centroids[idx]) : 0.0;
-      const double cn2 = block_sum_double(c * c, scratch);  // uniform across the block: no divergence
+      const double cn2 = block_sum_double<D>(c * c, scratch);  // uniform across the block: no divergence
       if (item >= items) continue;
       const int slot = slot_of[v];
       std::byte* slab = slab_of[v];
@@ -452,24 +453,33 @@ void launch_write(const DeviceKvCache& cache, int layer, const DeviceBlockTables
   LOWBIT_CUDA_CHECK(cudaGetDevice(&device));
   LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const int64_t vectors = n_tokens * c.num_kv_heads * 2;
+  const size_t d = static_cast<size_t>(c.head_dim);
   auto launch = [&](auto kernel, int per_cta) {
-    const size_t smem = sizeof(float) * (kD * kD + static_cast<size_t>(per_cta) * kD) + per_cta * kD;
-    static bool configured[2] = {false, false};  // per instantiation; the attribute is per device function
-    if (!configured[per_cta == 1]) {
+    const size_t smem = sizeof(float) * (d * d + static_cast<size_t>(per_cta) * d) + per_cta * d;
+    // Per instantiation (the attribute is per device function): [d == 64][per_cta == 1].
+    static bool configured[2][2] = {};
+    bool& done = configured[d == 64][per_cta == 1];
+    if (!done) {
       LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              static_cast<int>(smem)));
-      configured[per_cta == 1] = true;
+      done = true;
     }
     const int64_t batches = (vectors + per_cta - 1) / per_cta;
     // Each CTA loads M (64 KB) once: few enough CTAs that this stays small
     // beside the K/V traffic, enough for every SM to hold two.
     const int grid = static_cast<int>(std::min<int64_t>(batches, 2 * int64_t{sms}));
-    cuda::launch_with_pdl(kernel, dim3(grid), dim3(kWriteThreads), smem, stream, a);
+    cuda::launch_with_pdl(kernel, dim3(grid), dim3(static_cast<unsigned>(d)), smem, stream, a);
   };
   // Up to one vector per CTA while that stays within 64 CTAs (4 MB of
-  // rotation loads from L2): a batch-4 decode step of 8 KV heads.
-  if (vectors <= 64) launch(write_kernel<1>, 1);
-  else launch(write_kernel<kWriteVectors>, kWriteVectors);
+  // rotation loads from L2 at d = 128): a batch-4 decode step of 8 KV heads.
+  const bool one = vectors <= 64;
+  if (d == 64) {
+    if (one) launch(write_kernel<1, 64>, 1);
+    else launch(write_kernel<kWriteVectors, 64>, kWriteVectors);
+  } else {
+    if (one) launch(write_kernel<1, 128>, 1);
+    else launch(write_kernel<kWriteVectors, 128>, kWriteVectors);
+  }
 }
 
 }  // namespace

@@ -23,7 +23,8 @@
 namespace lowbit::engine {
 namespace {
 
-ModelConfig tiny_config(Architecture arch) {
+// head_dim 128 (Llama, Qwen3) or 64 (SmolLM2), the CUDA attention kernels' head dimensions.
+ModelConfig tiny_config(Architecture arch, int64_t head_dim = 128) {
   ModelConfig c;
   c.arch = arch;
   c.hidden = 256;
@@ -31,7 +32,7 @@ ModelConfig tiny_config(Architecture arch) {
   c.num_layers = 2;
   c.num_heads = 4;
   c.num_kv_heads = 2;
-  c.head_dim = 128;  // the CUDA attention kernels' head dimension
+  c.head_dim = head_dim;
   c.vocab = 384;
   c.rms_eps = 1e-6;
   c.rope_theta = 10000.0;
@@ -53,8 +54,10 @@ struct Case {
   Architecture arch;
   WeightMode weights;
   KvStorage kv;
+  int64_t head_dim = 128;
   std::string name() const {
-    return std::string(architecture_name(arch)) + "_" + weight_mode_name(weights) + "_" + kv_storage_name(kv);
+    return std::string(architecture_name(arch)) + "_" + weight_mode_name(weights) + "_" + kv_storage_name(kv) + "_d" +
+           std::to_string(head_dim);
   }
 };
 
@@ -71,7 +74,7 @@ double logits_tolerance(KvStorage kv) {
 TEST_P(CudaEngineVsCpu, PrefillAndDecodeLogitsAgree) {
   LOWBIT_REQUIRE_GPU();
   const Case& tc = GetParam();
-  const Model model = make_random_model(tiny_config(tc.arch), 99, tc.weights, 0.08f);
+  const Model model = make_random_model(tiny_config(tc.arch, tc.head_dim), 99, tc.weights, 0.08f);
   CpuBackendOptions cpu_options;
   cpu_options.kv.k = cpu_options.kv.v = tc.kv;
   cpu_options.kv.max_tokens = 64;
@@ -223,7 +226,7 @@ TEST(CudaEngine, TunedDecodeGemmsListTheirChoiceAndAgree) {
 TEST(CudaEngine, RejectsWhatItCannotRun) {
   LOWBIT_REQUIRE_GPU();
   ModelConfig c = tiny_config(Architecture::llama);
-  c.head_dim = 64;
+  c.head_dim = 96;
   const Model model = make_random_model(c, 1, WeightMode::dense, 0.08f);
   KvOptions kv;
   EXPECT_TRUE(test::throws_error([&] { (void)make_cuda_backend(model, kv, false); }, ErrorKind::unsupported,
@@ -250,7 +253,10 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaEngineVsCpu,
                                            Case{Architecture::qwen3, WeightMode::dense, KvStorage::fp16},
                                            Case{Architecture::llama, WeightMode::w4, KvStorage::fp16},
                                            Case{Architecture::qwen3, WeightMode::w4, KvStorage::tq4},
-                                           Case{Architecture::llama, WeightMode::dense, KvStorage::tq3}),
+                                           Case{Architecture::llama, WeightMode::dense, KvStorage::tq3},
+                                           Case{Architecture::llama, WeightMode::dense, KvStorage::fp16, 64},
+                                           Case{Architecture::llama, WeightMode::w4, KvStorage::tq4, 64},
+                                           Case{Architecture::qwen3, WeightMode::w4, KvStorage::tq3, 64}),
                          [](const ::testing::TestParamInfo<Case>& info) { return info.param.name(); });
 
 }  // namespace

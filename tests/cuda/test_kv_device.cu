@@ -36,11 +36,12 @@ constexpr int kLayers = 2;
 constexpr int kTestLayer = 1;  // not layer 0: the per-layer rotation seed must be honoured
 
 KvCacheConfig make_config(KvFormat kf, KvFormat vf, int page_size, int64_t pages, int kv_heads = 8,
-                          ScaleDType scale = ScaleDType::f16, RotationKind rotation = RotationKind::haar) {
+                          ScaleDType scale = ScaleDType::f16, RotationKind rotation = RotationKind::haar,
+                          int head_dim = 128) {
   KvCacheConfig c;
   c.num_layers = kLayers;
   c.num_kv_heads = kv_heads;
-  c.head_dim = 128;
+  c.head_dim = head_dim;
   c.page_size = page_size;
   c.num_pages = pages;
   c.k_format = kf;
@@ -97,8 +98,9 @@ const KvFormat kAllFormats[] = {KvFormat::tq4, KvFormat::tq3, KvFormat::tq2, KvF
 
 TEST(KvDevice, RotationMatricesAreTheHostsBits) {
   LOWBIT_REQUIRE_GPU();
+  for (int d : {64, 128})
   for (RotationKind kind : {RotationKind::haar, RotationKind::hadamard}) {
-    const KvCacheConfig c = make_config(KvFormat::tq4, KvFormat::tq4, 16, 1, 8, ScaleDType::f16, kind);
+    const KvCacheConfig c = make_config(KvFormat::tq4, KvFormat::tq4, 16, 1, 8, ScaleDType::f16, kind, d);
     const DeviceKvCache dev(c);
     const PagedKvCache host(c);
     for (int layer = 0; layer < kLayers; ++layer) {
@@ -107,9 +109,9 @@ TEST(KvDevice, RotationMatricesAreTheHostsBits) {
       Buffer::copy(got.data(), Device::cpu, dev.rotation(layer), Device::cuda, m.size() * 4);
       Buffer::copy(got_t.data(), Device::cpu, dev.rotation_t(layer), Device::cuda, m.size() * 4);
       EXPECT_EQ(std::memcmp(got.data(), m.data(), m.size() * 4), 0) << rotation_kind_name(kind) << " layer " << layer;
-      for (int i = 0; i < 128; ++i)
-        for (int j = 0; j < 128; ++j)
-          ASSERT_EQ(got_t[static_cast<size_t>(j * 128 + i)], m[static_cast<size_t>(i * 128 + j)]);
+      for (int i = 0; i < d; ++i)
+        for (int j = 0; j < d; ++j)
+          ASSERT_EQ(got_t[static_cast<size_t>(j * d + i)], m[static_cast<size_t>(i * d + j)]);
     }
   }
 }
@@ -160,6 +162,8 @@ PoolComparison compare_pools(const PagedKvCache& host, const std::vector<std::by
   return r;
 }
 
+// head_dim 128 (Qwen3, Llama) and 64 (SmolLM2): the write kernel runs one
+// thread per coordinate, so each is its own instantiation.
 TEST(KvDevice, WriteMatchesHostQuantizer) {
   LOWBIT_REQUIRE_GPU();
   struct Case {
@@ -179,12 +183,14 @@ TEST(KvDevice, WriteMatchesHostQuantizer) {
   // The write kernel quantizes one vector per CTA up to 64 vectors per call
   // (decode) and 8 per CTA above: the 5-row append and the 14+ token writes
   // take the second path, the 4-row append and the 2-token write the first.
+  for (int head_dim : {128, 64})
   for (const std::vector<int64_t>& lens : {std::vector<int64_t>{1, 3, 15, 16, 17, 250},
                                            std::vector<int64_t>{2, 33, 40, 250}})
   for (const Case& cs : cases) {
     SCOPED_TRACE(name(cs.kf, cs.vf) + " " + scale_dtype_name(cs.scale) + " " + rotation_kind_name(cs.rotation) +
-                 " rows " + std::to_string(lens.size()));
-    const KvCacheConfig c = make_config(cs.kf, cs.vf, 16, pages_for(lens, 16), 8, cs.scale, cs.rotation);
+                 " rows " + std::to_string(lens.size()) + " d=" + std::to_string(head_dim));
+    const KvCacheConfig c =
+        make_config(cs.kf, cs.vf, 16, pages_for(lens, 16), 8, cs.scale, cs.rotation, head_dim);
     HostBatch hb(c, lens, cs.data, 100);
     DeviceKvCache dev(c);
     const DeviceBlockTables tables = DeviceBlockTables::from_cache(hb.cache, hb.seqs);
@@ -220,17 +226,18 @@ TEST(KvDevice, WriteMatchesHostQuantizer) {
 // Device decode on a host-written cache vs paged_decode_attention_ref.
 void check_decode(KvFormat kf, KvFormat vf, int page_size, const std::vector<int64_t>& lens, int q_heads, int kv_heads,
                   int64_t split_tokens, DataKind data = DataKind::gaussian, ScaleDType scale = ScaleDType::f16,
-                  int cta_warps = 0) {
+                  int cta_warps = 0, int head_dim = 128) {
   SCOPED_TRACE(name(kf, vf) + " P=" + std::to_string(page_size) + " split=" + std::to_string(split_tokens) +
                " heads " + std::to_string(q_heads) + "/" + std::to_string(kv_heads) +
-               " cta_warps=" + std::to_string(cta_warps));
-  const KvCacheConfig c = make_config(kf, vf, page_size, pages_for(lens, page_size), kv_heads, scale);
+               " cta_warps=" + std::to_string(cta_warps) + " d=" + std::to_string(head_dim));
+  const KvCacheConfig c =
+      make_config(kf, vf, page_size, pages_for(lens, page_size), kv_heads, scale, RotationKind::haar, head_dim);
   HostBatch hb(c, lens, data, 7 + static_cast<uint64_t>(page_size));
   DeviceKvCache dev(c);
   dev.upload(hb.cache);
   const DeviceBlockTables tables = DeviceBlockTables::from_cache(hb.cache, hb.seqs);
   const int batch = static_cast<int>(lens.size());
-  const std::vector<float> q = kvtest::random_rows(batch, q_heads, 128, 999, DataKind::gaussian, false);
+  const std::vector<float> q = kvtest::random_rows(batch, q_heads, head_dim, 999, DataKind::gaussian, false);
   std::vector<float> ref(q.size());
   paged_decode_attention_ref(hb.cache, kTestLayer, hb.seqs, q_heads, q, ref);
   const Buffer qd = to_device(q);
@@ -269,6 +276,21 @@ TEST(KvDevice, DecodeEveryFormatPair) {
         if (!packed && cta_warps == 16) continue;
         check_decode(kf, vf, 16, {1, 15, 16, 17, 300}, 40, 8, 0, DataKind::gaussian, ScaleDType::f16, cta_warps);
       }
+}
+
+// head_dim 64 on SmolLM2's geometry (9 query heads over 3 KV heads): every
+// format pair, one and several chunks, and the scale and data variants.
+TEST(KvDevice, DecodeHeadDim64) {
+  LOWBIT_REQUIRE_GPU();
+  for (KvFormat kf : kAllFormats)
+    for (KvFormat vf : kAllFormats)
+      for (int64_t split : {int64_t{0}, int64_t{32}})
+        check_decode(kf, vf, 16, {1, 15, 16, 17, 300}, 9, 3, split, DataKind::gaussian, ScaleDType::f16, 0, 64);
+  check_decode(KvFormat::tq4, KvFormat::tq4, 64, {5, 64, 700}, 8, 1, 0, DataKind::outliers, ScaleDType::f32, 0, 64);
+  check_decode(KvFormat::tq4, KvFormat::tq4, 128, {1, 127, 128, 129, 3001}, 40, 8, 0, DataKind::gaussian,
+               ScaleDType::f16, 0, 64);
+  // cta_warps = 16 is not built for d = 64: the 8-warp layout runs instead.
+  check_decode(KvFormat::tq4, KvFormat::tq4, 16, {33, 400}, 9, 3, 0, DataKind::gaussian, ScaleDType::f16, 16, 64);
 }
 
 TEST(KvDevice, DecodePageBoundariesAndSplits) {
@@ -368,16 +390,19 @@ TEST(KvDevice, WriteThenDecodeEndToEnd) {
   EXPECT_TRUE(close_to_reference(from_device(out, q.size()), ref));
 }
 
-void check_prefill(KvFormat kf, KvFormat vf, int64_t len, int64_t first_pos, int64_t split_tokens) {
-  SCOPED_TRACE(name(kf, vf) + " len " + std::to_string(len) + " first_pos " + std::to_string(first_pos));
+void check_prefill(KvFormat kf, KvFormat vf, int64_t len, int64_t first_pos, int64_t split_tokens,
+                   int head_dim = 128) {
+  SCOPED_TRACE(name(kf, vf) + " len " + std::to_string(len) + " first_pos " + std::to_string(first_pos) +
+               " d=" + std::to_string(head_dim));
   const std::vector<int64_t> lens = {len};
-  const KvCacheConfig c = make_config(kf, vf, 16, pages_for(lens, 16));
+  const KvCacheConfig c =
+      make_config(kf, vf, 16, pages_for(lens, 16), 8, ScaleDType::f16, RotationKind::haar, head_dim);
   HostBatch hb(c, lens, DataKind::gaussian, 77);
   DeviceKvCache dev(c);
   dev.upload(hb.cache);
   const DeviceBlockTables tables = DeviceBlockTables::from_cache(hb.cache, hb.seqs);
   const int64_t n = len - first_pos;
-  const std::vector<float> q = kvtest::random_rows(n, 40, 128, 6, DataKind::gaussian, false);
+  const std::vector<float> q = kvtest::random_rows(n, 40, head_dim, 6, DataKind::gaussian, false);
   std::vector<float> ref(q.size());
   paged_prefill_attention_ref(hb.cache, kTestLayer, hb.seqs[0], first_pos, n, 40, q, ref);
   const Buffer qd = to_device(q);
@@ -397,6 +422,8 @@ TEST(KvDevice, PrefillCausal) {
   check_prefill(KvFormat::tq4, KvFormat::tq4, 333, 100, 32);  // and split
   check_prefill(KvFormat::fp16, KvFormat::tq3, 97, 17, 0);
   check_prefill(KvFormat::tq2, KvFormat::fp16, 64, 0, 16);
+  check_prefill(KvFormat::tq4, KvFormat::tq4, 333, 100, 32, 64);
+  check_prefill(KvFormat::fp16, KvFormat::fp16, 97, 0, 0, 64);
 }
 
 // The split heuristic (host code, runs without a GPU) on the benchmark's
@@ -441,8 +468,10 @@ TEST(KvDevice, SplitHeuristicPicksWholePagesAndEnoughWorkPerCta) {
 TEST(KvDevice, RejectsBadArguments) {
   LOWBIT_REQUIRE_GPU();
   KvCacheConfig c = make_config(KvFormat::tq4, KvFormat::tq4, 16, 4);
-  c.head_dim = 64;
-  EXPECT_TRUE(throws_error([&] { DeviceKvCache bad(c); }, ErrorKind::invalid_argument, "head_dim"));
+  for (int d : {32, 96, 256}) {
+    c.head_dim = d;
+    EXPECT_TRUE(throws_error([&] { DeviceKvCache bad(c); }, ErrorKind::invalid_argument, "head_dim")) << d;
+  }
   const std::vector<int64_t> lens = {20};
   const KvCacheConfig ok = make_config(KvFormat::tq4, KvFormat::tq4, 16, 4, 2);
   HostBatch hb(ok, lens, DataKind::gaussian, 1);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine_test_util.h"
+#include "lowbit/cuda/device.h"
 #include "lowbit/engine/backend.h"
 #include "lowbit/engine/generate.h"
 #include "lowbit/engine/weights.h"
@@ -141,6 +142,61 @@ TEST(DefaultModel, TurboQuantKvTop1AgreementWithFp16Kv) {
   std::cout << "top-1 agreement with fp16 KV over 256 steps: tq4 " << tq4 << ", tq3 " << tq3 << "\n";
   EXPECT_GE(tq4, kEngineTq4Top1AgreementSmolLM2);
   EXPECT_LT(tq3, tq4);
+}
+
+// The CUDA backend on this model: head_dim 64 and 3 query heads per KV head
+// in the attention kernels, the Q4_1 layers (group 32, float zero-points)
+// through the W4A16 GEMM, the tied Q8_0 embedding as the fp16 lm_head. Prefill
+// logits of the chat prompt, then 32 decode steps teacher-forced with the CPU
+// backend's greedy tokens, against the CPU backend with the same KV format.
+// The GPU keeps activations in fp16 where the CPU keeps fp32, so the bound is
+// the CUDA engine's tolerance for random models (tolerances.h); the top-1
+// choice must agree on nearly every step. Skips without a GPU.
+TEST(DefaultModel, CudaBackendAgreesWithTheCpuBackend) {
+  REQUIRE_DEFAULT_MODEL(path);
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: the CPU half alone proves nothing here";
+  const tokenizer::BpeTokenizer tok = tokenizer::BpeTokenizer::from_gguf(gguf::GgufFile::open(path));
+  const std::string chat = tok.apply_chat_template({{"user", "Write a long story about a lighthouse keeper."}}, true);
+  const std::vector<int32_t> prompt = tok.encode(chat, true);
+  const engine::Model& model = default_model();
+  constexpr int64_t kSteps = 32;
+  for (engine::KvStorage kv : {engine::KvStorage::fp16, engine::KvStorage::tq4}) {
+    SCOPED_TRACE(engine::kv_storage_name(kv));
+    const double tolerance = kv == engine::KvStorage::fp16 ? kCudaEngineLogitsRelError : kCudaEngineLogitsRelErrorTq4;
+    engine::CpuBackendOptions o;
+    o.kv.max_tokens = static_cast<int64_t>(prompt.size()) + kSteps + 1;
+    o.kv.k = o.kv.v = kv;
+    auto cpu = engine::make_cpu_backend(model, o);
+    auto gpu = engine::make_cuda_backend(model, o.kv);
+    const int sc = cpu->add_sequence(), sg = gpu->add_sequence();
+    std::vector<float> want, got;
+    engine::StepInput in{sc, prompt};
+    cpu->forward(std::span<const engine::StepInput>(&in, 1), engine::LogitsWanted::all, want);
+    in.seq = sg;
+    gpu->forward(std::span<const engine::StepInput>(&in, 1), engine::LogitsWanted::all, got);
+    ASSERT_EQ(got.size(), want.size());
+    const double prefill_err = max_relative_error(got, want);
+    EXPECT_LE(prefill_err, tolerance) << "prefill logits of " << prompt.size() << " tokens";
+    const int64_t vocab = model.config.vocab;
+    want.erase(want.begin(), want.end() - vocab);
+    got.erase(got.begin(), got.end() - vocab);
+    double worst = 0.0;
+    int agree = 0;
+    for (int64_t s = 0; s < kSteps; ++s) {
+      const int32_t next = engine::argmax(want);
+      agree += engine::argmax(got) == next ? 1 : 0;
+      in = {sc, std::span<const int32_t>(&next, 1)};
+      cpu->forward(std::span<const engine::StepInput>(&in, 1), engine::LogitsWanted::last, want);
+      in.seq = sg;
+      gpu->forward(std::span<const engine::StepInput>(&in, 1), engine::LogitsWanted::last, got);
+      worst = std::max(worst, max_relative_error(got, want));
+    }
+    std::cout << engine::kv_storage_name(kv) << " KV: prefill max rel error " << prefill_err
+              << ", decode worst " << worst << ", top-1 agreement " << agree << " of " << kSteps << "\n";
+    RecordProperty(std::string("decode_rel_error_") + engine::kv_storage_name(kv), std::to_string(worst));
+    EXPECT_LE(worst, tolerance);
+    EXPECT_GE(agree, kSteps - 2);
+  }
 }
 
 }  // namespace

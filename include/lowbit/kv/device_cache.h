@@ -25,7 +25,7 @@
 //  - prefill: the decode kernel with one row per query token, each attending
 //    causally to the tokens up to its own position (correct, not fast: the
 //    K/V of the block are re-read per query token, mostly from L2).
-// Restrictions of the device path: head_dim 128, at most 8 query heads per KV
+// Restrictions of the device path: head_dim 64 or 128, at most 8 query heads per KV
 // head. The write kernel does not validate values (that would need a device
 // to host round trip per step): a non-finite K/V or a scale beyond f16's
 // range stores a non-finite scale, which attention turns into NaN outputs
@@ -44,14 +44,16 @@
 
 namespace lowbit::kv {
 
-inline constexpr int kDeviceHeadDim = 128;
+// The head dimensions the CUDA kernels are compiled for: 128 (Llama, Qwen3)
+// and 64 (SmolLM2 and other small models).
+constexpr bool device_head_dim_supported(int head_dim) { return head_dim == 64 || head_dim == 128; }
 inline constexpr int kDeviceMaxGroup = 8;
 
 class DeviceKvCache {
  public:
   // Allocates and zeroes the pools on the current device, uploads the
   // rotations. Throws Error(invalid_argument) for a config the device path
-  // does not support (head_dim != 128).
+  // does not support (head_dim other than 64 or 128).
   explicit DeviceKvCache(const KvCacheConfig& config);
 
   const KvCacheConfig& config() const { return config_; }
