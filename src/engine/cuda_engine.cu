@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <numeric>
@@ -255,6 +256,7 @@ CudaEngine::CudaEngine(const DeviceModel& model, const CudaEngineOptions& option
   const ModelConfig& c = model.config;
   LOWBIT_REQUIRE(options.max_sequences >= 1 && options.max_tokens >= 1,
                  "max_sequences and max_tokens must be >= 1");
+  LOWBIT_REQUIRE(options.decode_plan_tokens >= 1, "decode_plan_tokens must be >= 1");
   kv::KvCacheConfig kc;
   kc.num_layers = static_cast<int>(c.num_layers);
   kc.num_kv_heads = static_cast<int>(c.num_kv_heads);
@@ -314,7 +316,14 @@ void CudaEngine::tune_decode_gemms() {
 }
 
 CudaEngine::~CudaEngine() {
+  drop_decode_graph();
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
+}
+
+void CudaEngine::drop_decode_graph() {
+  if (graph_exec_ != nullptr) cudaGraphExecDestroy(graph_exec_);
+  graph_exec_ = nullptr;
+  graph_key_seen_ = false;
 }
 
 int64_t CudaEngine::kv_bytes_per_token() const {
@@ -425,6 +434,7 @@ void CudaEngine::attention_layer(int layer, std::span<const StepRow> rows,
     kv::device_append_tokens(*cache_, layer, tables, k32_.as<float>(), v32_.as<float>(), stream_);
     mark("KV append");
     options.out_f16 = attn_.data();
+    options.plan_length = plan_length_;
     kv::device_decode_attention(*cache_, layer, tables, hq, q32_.as<float>(), nullptr, attention_workspace_, options,
                                 stream_);
     mark("attention");
@@ -457,7 +467,57 @@ void CudaEngine::step(std::span<const StepRow> rows, std::span<const int32_t> to
   prepare(rows, all_tokens);
   LOWBIT_CUDA_CHECK(cudaMemcpyAsync(tokens_.data(), tokens_host.data(), static_cast<size_t>(M) * 4,
                                     cudaMemcpyHostToDevice, stream_));
-  launch(tokens_.as<const int32_t>());
+  if (options_.decode_graphs && plan_length_ > 0 && breakdown_ == nullptr && graph_failure_.empty())
+    launch_decode_graph();
+  else
+    launch(tokens_.as<const int32_t>());
+}
+
+void CudaEngine::launch_decode_graph() {
+  std::vector<int> seqs;
+  for (const StepRow& r : rows_) seqs.push_back(r.seq);
+  const bool same = graph_key_seen_ && seqs == graph_seqs_ && plan_length_ == graph_plan_length_ &&
+                    tables_.stride == graph_table_stride_;
+  if (!same) {
+    // The first step of these rows and plan length runs eagerly; it also
+    // grows every workspace to its size for them, so that nothing is
+    // allocated while the next step is captured.
+    drop_decode_graph();
+    graph_seqs_ = std::move(seqs);
+    graph_plan_length_ = plan_length_;
+    graph_table_stride_ = tables_.stride;
+    graph_key_seen_ = true;
+    launch(tokens_.as<const int32_t>());
+    return;
+  }
+  if (graph_exec_ == nullptr) {
+    // The inputs that change from step to step (token ids, positions, block
+    // tables, lengths, the gather rows) are in device buffers that prepare()
+    // and step() rewrite before the replay, in stream order.
+    cudaGraph_t graph = nullptr;
+    try {
+      LOWBIT_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+      try {
+        launch(tokens_.as<const int32_t>());
+      } catch (...) {
+        cudaStreamEndCapture(stream_, &graph);
+        throw;
+      }
+      LOWBIT_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+      LOWBIT_CUDA_CHECK(cudaGraphInstantiate(&graph_exec_, graph, 0));
+    } catch (const Error& e) {
+      graph_failure_ = e.what();
+      graph_exec_ = nullptr;
+      (void)cudaGetLastError();  // a failed capture leaves an error behind
+    }
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    if (graph_exec_ == nullptr) {  // nothing of the capture ran: this step runs eagerly
+      launch(tokens_.as<const int32_t>());
+      return;
+    }
+  }
+  LOWBIT_CUDA_CHECK(cudaGraphLaunch(graph_exec_, stream_));
+  ++graph_replays_;
 }
 
 void CudaEngine::prepare(std::span<const StepRow> rows, bool all_tokens) {
@@ -467,6 +527,8 @@ void CudaEngine::prepare(std::span<const StepRow> rows, bool all_tokens) {
   std::vector<std::vector<int32_t>> tables;
   std::vector<int64_t> lengths;
   std::vector<int32_t> last_rows;
+  bool decode = !all_tokens;
+  int64_t longest = 0;
   for (const StepRow& r : rows) {
     LOWBIT_REQUIRE(r.n >= 1 && r.first_pos >= 0 && r.first_pos + r.n <= length(r.seq),
                    "step: row of sequence ", r.seq, " at ", r.first_pos, " + ", r.n, " is beyond its length ",
@@ -474,8 +536,24 @@ void CudaEngine::prepare(std::span<const StepRow> rows, bool all_tokens) {
     for (int64_t i = 0; i < r.n; ++i) positions.push_back(static_cast<int32_t>(r.first_pos + i));
     tables.push_back(seq_pages_[r.seq]);
     lengths.push_back(r.first_pos + r.n);
+    longest = std::max(longest, r.first_pos + r.n);
+    decode = decode && r.n == 1;
     M += r.n;
     last_rows.push_back(static_cast<int32_t>(M - 1));
+  }
+  // A decode step's attention is planned for the longest row rounded up to
+  // decode_plan_tokens, and every table is padded to that length (the pages
+  // past a row's end are never read), so consecutive decode steps launch the
+  // same kernels with the same arguments (decode_graphs).
+  plan_length_ = 0;
+  // Any other step may grow a buffer the graph's kernels point to.
+  if (!decode) drop_decode_graph();
+  if (decode) {
+    const int64_t unit = options_.decode_plan_tokens;
+    plan_length_ = (longest + unit - 1) / unit * unit;
+    const size_t pages = static_cast<size_t>((plan_length_ + options_.page_size - 1) / options_.page_size);
+    for (std::vector<int32_t>& t : tables)
+      if (t.size() < pages) t.resize(pages, 0);
   }
   const int64_t logit_rows = all_tokens ? M : static_cast<int64_t>(rows.size());
   ensure_capacity(M, logit_rows);
@@ -701,6 +779,10 @@ class CudaBackend final : public Backend {
     o.max_sequences = kv.max_sequences;
     o.page_size = std::max(16, (kv.page_size + 15) / 16 * 16);
     o.rotation_seed = kv.rotation_seed;
+    // LOWBIT_CUDA_GRAPHS=0: every decode step launched eagerly (to compare,
+    // or to profile the kernels one by one).
+    const char* graphs = std::getenv("LOWBIT_CUDA_GRAPHS");
+    o.decode_graphs = graphs == nullptr || std::string(graphs) != "0";
     return o;
   }
 

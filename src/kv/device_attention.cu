@@ -1006,8 +1006,9 @@ void device_decode_attention(const DeviceKvCache& cache, int layer, const Device
     LOWBIT_CHECK_ARG(tables.host_lengths[static_cast<size_t>(r)] >= 1, "tables.lengths[" + std::to_string(r) + "]",
                      tables.host_lengths[static_cast<size_t>(r)],
                      "at least 1 (write the current token before decode attends to it)");
-  run_attention(cache, layer, tables, -1, 0, tables.rows, tables.max_length, num_q_heads, q, out, workspace, options,
-                stream);
+  LOWBIT_CHECK_ARG(options.plan_length >= 0, "plan_length", options.plan_length, "0 or a token count");
+  run_attention(cache, layer, tables, -1, 0, tables.rows, std::max(tables.max_length, options.plan_length),
+                num_q_heads, q, out, workspace, options, stream);
 }
 
 void device_prefill_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTables& tables, int row,

@@ -223,6 +223,101 @@ TEST(CudaEngine, TunedDecodeGemmsListTheirChoiceAndAgree) {
     EXPECT_LE(max_rel_error(out[1][step], out[0][step]), test::kCudaEngineBatchRelError) << "step " << step;
 }
 
+// Decode steps replayed from a CUDA graph give the bits of eager steps: two
+// engines on one model, graphs on and off, fed the same tokens. The plan
+// length is 16 tokens, so the rows cross several plan lengths (a new capture
+// each time); a prefill of a third sequence between decode steps drops the
+// graph (it may grow the buffers the graph points to), a released sequence
+// changes the rows. Every step's logits must be equal bit for bit, and the
+// graph engine must have replayed most decode steps.
+TEST(CudaEngine, DecodeGraphsGiveTheBitsOfEagerSteps) {
+  LOWBIT_REQUIRE_GPU();
+  const Model model = make_random_model(tiny_config(Architecture::qwen3), 21, WeightMode::w4, 0.08f);
+  const DeviceModel device_model = DeviceModel::upload(model, false);
+  CudaEngineOptions options;
+  options.max_tokens = 96;
+  options.max_sequences = 3;
+  options.page_size = 16;
+  options.decode_plan_tokens = 16;
+  options.decode_graphs = false;
+  CudaEngine eager(device_model, options);
+  options.decode_graphs = true;
+  CudaEngine graphed(device_model, options);
+  CudaEngine* engines[2] = {&eager, &graphed};
+  const int64_t vocab = model.config.vocab;
+  auto logit_bits = [&](CudaEngine& e) {
+    LOWBIT_CUDA_CHECK(cudaStreamSynchronize(e.stream()));
+    const TensorView logits = e.logits();
+    std::vector<uint16_t> bits(static_cast<size_t>(logits.numel()));
+    Buffer::copy(bits.data(), Device::cpu, logits.data, Device::cuda, bits.size() * 2);
+    return bits;
+  };
+  // One step on both engines: rows of (sequence, new tokens); returns the
+  // eager engine's greedy token per row.
+  auto step_both = [&](const std::vector<std::pair<int, std::vector<int32_t>>>& inputs, int step) {
+    std::vector<uint16_t> bits[2];
+    for (int k = 0; k < 2; ++k) {
+      CudaEngine& e = *engines[k];
+      std::vector<StepRow> rows;
+      std::vector<int32_t> tokens;
+      for (const auto& [seq, ids] : inputs) {
+        const int64_t n = static_cast<int64_t>(ids.size());
+        rows.push_back({seq, e.extend(seq, n), n});
+        tokens.insert(tokens.end(), ids.begin(), ids.end());
+      }
+      e.step(rows, tokens, false);
+      bits[k] = logit_bits(e);
+    }
+    EXPECT_EQ(bits[0], bits[1]) << "step " << step;
+    std::vector<int32_t> next;
+    for (size_t r = 0; r < inputs.size(); ++r) {
+      int32_t best = 0;
+      float best_v = -INFINITY;
+      for (int64_t t = 0; t < vocab; ++t) {
+        const float v = f16_to_float(f16::from_bits(bits[0][r * static_cast<size_t>(vocab) + static_cast<size_t>(t)]));
+        if (v > best_v) best_v = v, best = static_cast<int32_t>(t);
+      }
+      next.push_back(best);
+    }
+    return next;
+  };
+  int a[2], b[2];
+  for (int k = 0; k < 2; ++k) a[k] = engines[k]->add_sequence(), b[k] = engines[k]->add_sequence();
+  ASSERT_EQ(a[0], a[1]);
+  ASSERT_EQ(b[0], b[1]);
+  std::vector<int32_t> next = step_both({{a[0], {3, 14, 15, 92, 65}}}, 0);
+  std::vector<int32_t> next_b = step_both({{b[0], {7, 1, 8, 2, 8, 1, 8, 2, 8, 4, 5, 9}}}, 1);
+  int step = 2;
+  for (; step < 30; ++step) {  // a at 5..33 tokens, b at 12..40: plan lengths 16, 32, 48
+    const std::vector<int32_t> both = step_both({{a[0], {next[0]}}, {b[0], {next_b[0]}}}, step);
+    next = {both[0]};
+    next_b = {both[1]};
+  }
+  // A prefill between decode steps, then the three rows decode together.
+  int c[2];
+  for (int k = 0; k < 2; ++k) c[k] = engines[k]->add_sequence();
+  std::vector<int32_t> next_c = step_both({{c[0], {11, 12, 13}}}, step++);
+  for (int i = 0; i < 12; ++i, ++step) {
+    const std::vector<int32_t> all = step_both({{a[0], {next[0]}}, {b[0], {next_b[0]}}, {c[0], {next_c[0]}}}, step);
+    next = {all[0]};
+    next_b = {all[1]};
+    next_c = {all[2]};
+  }
+  // b released: the rows change again.
+  for (int k = 0; k < 2; ++k) engines[k]->release_sequence(b[k]);
+  for (int i = 0; i < 8; ++i, ++step) {
+    const std::vector<int32_t> two = step_both({{a[0], {next[0]}}, {c[0], {next_c[0]}}}, step);
+    next = {two[0]};
+    next_c = {two[1]};
+  }
+  EXPECT_EQ(eager.graph_replays(), 0);
+  EXPECT_TRUE(graphed.graph_failure().empty()) << graphed.graph_failure();
+  // 48 decode steps; a new key (rows or plan length) costs one eager step
+  // before the replays start: 7 keys here (a+b at plan lengths 16, 32, 48;
+  // the three rows at 48 and 64; a+c at 48 and 64).
+  EXPECT_EQ(graphed.graph_replays(), 48 - 7);
+}
+
 TEST(CudaEngine, RejectsWhatItCannotRun) {
   LOWBIT_REQUIRE_GPU();
   ModelConfig c = tiny_config(Architecture::llama);

@@ -226,10 +226,11 @@ TEST(KvDevice, WriteMatchesHostQuantizer) {
 // Device decode on a host-written cache vs paged_decode_attention_ref.
 void check_decode(KvFormat kf, KvFormat vf, int page_size, const std::vector<int64_t>& lens, int q_heads, int kv_heads,
                   int64_t split_tokens, DataKind data = DataKind::gaussian, ScaleDType scale = ScaleDType::f16,
-                  int cta_warps = 0, int head_dim = 128) {
+                  int cta_warps = 0, int head_dim = 128, int64_t plan_length = 0) {
   SCOPED_TRACE(name(kf, vf) + " P=" + std::to_string(page_size) + " split=" + std::to_string(split_tokens) +
                " heads " + std::to_string(q_heads) + "/" + std::to_string(kv_heads) +
-               " cta_warps=" + std::to_string(cta_warps) + " d=" + std::to_string(head_dim));
+               " cta_warps=" + std::to_string(cta_warps) + " d=" + std::to_string(head_dim) +
+               " plan_length=" + std::to_string(plan_length));
   const KvCacheConfig c =
       make_config(kf, vf, page_size, pages_for(lens, page_size), kv_heads, scale, RotationKind::haar, head_dim);
   HostBatch hb(c, lens, data, 7 + static_cast<uint64_t>(page_size));
@@ -246,6 +247,7 @@ void check_decode(KvFormat kf, KvFormat vf, int page_size, const std::vector<int
   DeviceDecodeOptions o;
   o.split_tokens = split_tokens;
   o.cta_warps = cta_warps;
+  o.plan_length = plan_length;
   device_decode_attention(dev, kTestLayer, tables, q_heads, qd.as<float>(), out.as<float>(), ws, o);
   LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
   const std::vector<float> got = from_device(out, q.size());
@@ -291,6 +293,21 @@ TEST(KvDevice, DecodeHeadDim64) {
                ScaleDType::f16, 0, 64);
   // cta_warps = 16 is not built for d = 64: the 8-warp layout runs instead.
   check_decode(KvFormat::tq4, KvFormat::tq4, 16, {33, 400}, 9, 3, 0, DataKind::gaussian, ScaleDType::f16, 16, 64);
+}
+
+// The chunks planned for rows longer than the call's (what the engine does
+// so that consecutive decode steps launch the same kernels): the chunks past
+// each row's end must contribute nothing.
+TEST(KvDevice, DecodePlannedForLongerRows) {
+  LOWBIT_REQUIRE_GPU();
+  for (int d : {128, 64}) {
+    check_decode(KvFormat::tq4, KvFormat::tq4, 16, {1, 15, 300}, 40, 8, 0, DataKind::gaussian, ScaleDType::f16, 0, d,
+                 4096);
+    check_decode(KvFormat::fp16, KvFormat::fp16, 16, {1, 15, 300}, 40, 8, 0, DataKind::gaussian, ScaleDType::f16, 0,
+                 d, 32768);
+    check_decode(KvFormat::tq4, KvFormat::tq3, 16, {33, 200}, 40, 8, 16, DataKind::gaussian, ScaleDType::f16, 0, d,
+                 256);
+  }
 }
 
 TEST(KvDevice, DecodePageBoundariesAndSplits) {

@@ -5,7 +5,9 @@
 // it with scripts/fetch-default-model).
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -13,6 +15,7 @@
 #include "lowbit/cuda/device.h"
 #include "lowbit/engine/backend.h"
 #include "lowbit/engine/generate.h"
+#include "lowbit/engine/perplexity.h"
 #include "lowbit/engine/weights.h"
 #include "lowbit/gguf/gguf_file.h"
 #include "lowbit/tokenizer/bpe_tokenizer.h"
@@ -146,26 +149,35 @@ TEST(DefaultModel, TurboQuantKvTop1AgreementWithFp16Kv) {
 
 // The CUDA backend on this model: head_dim 64 and 3 query heads per KV head
 // in the attention kernels, the Q4_1 layers (group 32, float zero-points)
-// through the W4A16 GEMM, the tied Q8_0 embedding as the fp16 lm_head. Prefill
-// logits of the chat prompt, then 32 decode steps teacher-forced with the CPU
-// backend's greedy tokens, against the CPU backend with the same KV format.
-// The GPU keeps activations in fp16 where the CPU keeps fp32, so the bound is
-// the CUDA engine's tolerance for random models (tolerances.h); the top-1
-// choice must agree on nearly every step. Skips without a GPU.
+// through the W4A16 GEMM, the tied Q8_0 embedding as the fp16 lm_head.
+//  - fp16 KV: prefill logits of the chat prompt, then 32 decode steps
+//    teacher-forced with the CPU backend's greedy tokens, against the CPU
+//    backend. The GPU keeps activations in fp16 where the CPU keeps fp32, so
+//    the bound is the CUDA engine's tolerance for random models
+//    (tolerances.h); measured on an H100: 0.0035 (prefill), 0.0030 (decode),
+//    32 of 32 top-1 choices the same.
+//  - Both KV formats: the perplexity of the shipped text within 0.5% of the
+//    CPU backend's. Per-step logits are no test for tq4 on this model: the
+//    GPU's K differs from the CPU's in the last fp16 bits, which moves some
+//    coordinates across a 4-bit boundary, and this model's scores are
+//    sensitive enough that the logits then differ by up to ~19% of their
+//    range (26 of 32 top-1 choices the same on an H100), as two 4-bit
+//    quantizations of nearly equal inputs may. Over 896 tokens the two agree:
+//    23.462 (GPU) and 23.461 (CPU) on an H100, +6.9% over fp16 KV, so a wrong
+//    tq4 path could not hide inside 0.5%.
+// Skips without a GPU.
 TEST(DefaultModel, CudaBackendAgreesWithTheCpuBackend) {
   REQUIRE_DEFAULT_MODEL(path);
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: the CPU half alone proves nothing here";
   const tokenizer::BpeTokenizer tok = tokenizer::BpeTokenizer::from_gguf(gguf::GgufFile::open(path));
-  const std::string chat = tok.apply_chat_template({{"user", "Write a long story about a lighthouse keeper."}}, true);
-  const std::vector<int32_t> prompt = tok.encode(chat, true);
   const engine::Model& model = default_model();
-  constexpr int64_t kSteps = 32;
-  for (engine::KvStorage kv : {engine::KvStorage::fp16, engine::KvStorage::tq4}) {
-    SCOPED_TRACE(engine::kv_storage_name(kv));
-    const double tolerance = kv == engine::KvStorage::fp16 ? kCudaEngineLogitsRelError : kCudaEngineLogitsRelErrorTq4;
+  {
+    const std::string chat = tok.apply_chat_template({{"user", "Write a long story about a lighthouse keeper."}}, true);
+    const std::vector<int32_t> prompt = tok.encode(chat, true);
+    constexpr int64_t kSteps = 32;
     engine::CpuBackendOptions o;
     o.kv.max_tokens = static_cast<int64_t>(prompt.size()) + kSteps + 1;
-    o.kv.k = o.kv.v = kv;
+    o.kv.k = o.kv.v = engine::KvStorage::fp16;
     auto cpu = engine::make_cpu_backend(model, o);
     auto gpu = engine::make_cuda_backend(model, o.kv);
     const int sc = cpu->add_sequence(), sg = gpu->add_sequence();
@@ -176,7 +188,7 @@ TEST(DefaultModel, CudaBackendAgreesWithTheCpuBackend) {
     gpu->forward(std::span<const engine::StepInput>(&in, 1), engine::LogitsWanted::all, got);
     ASSERT_EQ(got.size(), want.size());
     const double prefill_err = max_relative_error(got, want);
-    EXPECT_LE(prefill_err, tolerance) << "prefill logits of " << prompt.size() << " tokens";
+    EXPECT_LE(prefill_err, kCudaEngineLogitsRelError) << "prefill logits of " << prompt.size() << " tokens";
     const int64_t vocab = model.config.vocab;
     want.erase(want.begin(), want.end() - vocab);
     got.erase(got.begin(), got.end() - vocab);
@@ -191,11 +203,25 @@ TEST(DefaultModel, CudaBackendAgreesWithTheCpuBackend) {
       gpu->forward(std::span<const engine::StepInput>(&in, 1), engine::LogitsWanted::last, got);
       worst = std::max(worst, max_relative_error(got, want));
     }
-    std::cout << engine::kv_storage_name(kv) << " KV: prefill max rel error " << prefill_err
-              << ", decode worst " << worst << ", top-1 agreement " << agree << " of " << kSteps << "\n";
-    RecordProperty(std::string("decode_rel_error_") + engine::kv_storage_name(kv), std::to_string(worst));
-    EXPECT_LE(worst, tolerance);
+    std::cout << "fp16 KV: prefill max rel error " << prefill_err << ", decode worst " << worst
+              << ", top-1 agreement " << agree << " of " << kSteps << "\n";
+    EXPECT_LE(worst, kCudaEngineLogitsRelError);
     EXPECT_GE(agree, kSteps - 2);
+  }
+  std::ifstream file(std::string(LOWBIT_SOURCE_DIR) + "/data/perplexity/lowbit-prose.txt");
+  ASSERT_TRUE(file) << "data/perplexity/lowbit-prose.txt";
+  const std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  const std::vector<int32_t> tokens = tok.encode(text, true);
+  for (engine::KvStorage kv : {engine::KvStorage::fp16, engine::KvStorage::tq4}) {
+    engine::CpuBackendOptions o;
+    o.kv.max_tokens = static_cast<int64_t>(tokens.size());
+    o.kv.k = o.kv.v = kv;
+    auto cpu = engine::make_cpu_backend(model, o);
+    auto gpu = engine::make_cuda_backend(model, o.kv);
+    const double on_cpu = engine::perplexity(*cpu, tokens).perplexity();
+    const double on_gpu = engine::perplexity(*gpu, tokens).perplexity();
+    std::cout << engine::kv_storage_name(kv) << " KV: perplexity " << on_gpu << " (GPU), " << on_cpu << " (CPU)\n";
+    EXPECT_NEAR(on_gpu / on_cpu, 1.0, kCudaEnginePerplexityRelDiff) << engine::kv_storage_name(kv);
   }
 }
 

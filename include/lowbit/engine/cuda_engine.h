@@ -94,6 +94,17 @@ struct CudaEngineOptions {
   // kernels round differently, so two runs could differ in the last bits
   // (`lowbit bench model` turns it on; its output lists the choices).
   bool tune_decode_gemms = false;
+  // Decode steps of step() (one new token per row, last-token logits) from a
+  // CUDA graph: a decode step launches ~13 kernels per layer, and launched
+  // one by one from the host they cost more than they run on a small model
+  // (SmolLM2-135M: ~2 ms of launches per step). The attention of a decode
+  // step is planned for its longest row rounded up to decode_plan_tokens,
+  // and the block tables are padded to that length, so the launches stay
+  // the same for that many steps: the first step of a set of rows (and plan
+  // length) runs eagerly, the second is captured, the rest replay it.
+  // Eager and replayed steps give the same bits.
+  bool decode_graphs = true;
+  int64_t decode_plan_tokens = 256;
 };
 
 // One row of a step: `n` new tokens of sequence `seq` at positions
@@ -186,9 +197,16 @@ class CudaEngine {
   void fill_random_kv(uint64_t seed);
   // Greedy next tokens of the last step's logit rows, into a device i32 buffer.
   const int32_t* argmax_logits();
+  // Decode steps of step() replayed from a CUDA graph so far, and why graphs
+  // were turned off (empty while they work; a failed capture turns them off
+  // for the engine's life and its steps run eagerly).
+  int64_t graph_replays() const { return graph_replays_; }
+  const std::string& graph_failure() const { return graph_failure_; }
 
  private:
   void ensure_capacity(int64_t tokens, int64_t logit_rows);
+  void launch_decode_graph();
+  void drop_decode_graph();
   void linear(const DeviceLinear& w, const void* x, int64_t M, void* y);
   void attention_layer(int layer, std::span<const StepRow> rows, const kv::DeviceBlockTables& tables,
                        int64_t M);
@@ -223,6 +241,17 @@ class CudaEngine {
   int64_t tokens_in_step_ = 0;
   int64_t logit_rows_ = 0;
   bool all_tokens_ = false;
+  int64_t plan_length_ = 0;  // a decode step's attention plan length (decode_plan_tokens); 0: not a decode step
+  // The decode graph: the rows (sequence ids), plan length and table stride
+  // it was made for, whether the last step had them (then the next one is
+  // captured), and the instantiated graph. A step that is not a decode step
+  // drops it (it may grow the buffers the graph points to).
+  std::vector<int> graph_seqs_;
+  int64_t graph_plan_length_ = 0, graph_table_stride_ = 0;
+  bool graph_key_seen_ = false;
+  cudaGraphExec_t graph_exec_ = nullptr;
+  int64_t graph_replays_ = 0;
+  std::string graph_failure_;
 };
 
 // make_cuda_backend (backend.h) is a Backend over CudaEngine: logits come back

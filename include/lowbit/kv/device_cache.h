@@ -137,6 +137,12 @@ struct DeviceDecodeOptions {
   // engine's next GEMM reads fp16, and a separate conversion kernel per layer
   // costs more launch time than it moves bytes.
   void* out_f16 = nullptr;
+  // Decode only: plan the chunks (and size the launches) for rows of this
+  // many tokens instead of the tables' longest row, when it is longer. Chunks
+  // past a row's end exit at once. A caller that rounds the length up (the
+  // engine: to a multiple of 256 tokens) gets the same launches, argument for
+  // argument, for many consecutive steps: what a CUDA graph replay needs.
+  int64_t plan_length = 0;
 };
 
 // The chunk length the decode kernel uses when none is given (a multiple of
