@@ -58,7 +58,7 @@ std::unique_ptr<Backend> make_cpu_backend(const Model& model, const CpuBackendOp
 // 4-bit, others fp16, or all 4-bit with quantize_dense_to_w4), K/V on the
 // device in kv.k / kv.v formats (fp16, tq4, tq3, tq2). Throws
 // Error(unsupported) in a build without CUDA, on a machine without a GPU, and
-// for models the CUDA kernels do not cover (head_dim != 128, attention biases).
+// for models the CUDA kernels do not cover (head_dim other than 64 or 128, attention biases).
 // tune_gemms: CudaEngineOptions::tune_decode_gemms.
 std::unique_ptr<Backend> make_cuda_backend(const Model& model, const KvOptions& kv, bool quantize_dense_to_w4 = false,
                                            bool tune_gemms = false);

@@ -74,7 +74,7 @@ struct DeviceModel {
   // Uploads a loaded model. Linear layers stored w4 (RTN on load, GPTQ/AWQ,
   // GGUF Q4_x) stay 4-bit; dense and q8 ones become fp16 (or are quantized to
   // w4 with group 128 when `quantize_dense_to_w4`). Throws Error(unsupported)
-  // for what the CUDA path lacks (attention biases, head_dim != 128).
+  // for what the CUDA path lacks (attention biases, head_dim other than 64 or 128).
   static DeviceModel upload(const Model& model, bool quantize_dense_to_w4 = false);
   // Random weights generated on the device: fp16 dense (values of magnitude
   // <= 0.02) or w4 with group 128 (W4A16Weights::random). Norm weights 1.
