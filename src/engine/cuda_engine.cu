@@ -165,11 +165,23 @@ size_t DeviceModel::bytes_per_token() const {
   return total;
 }
 
+std::string DeviceModel::format_summary() const {
+  const auto format = [](const DeviceLinear& l) {
+    return l.w4 ? "w4 g" + std::to_string(l.w4->group_size()) : std::string("fp16");
+  };
+  std::map<std::string, int> counts;
+  for (const DeviceLayer& L : layers)
+    for (const DeviceLinear* d : {&L.qkv, &L.o, &L.gate_up, &L.down}) ++counts[format(*d)];
+  if (!lm_head_reads_embed) ++counts[format(lm_head)];
+  std::ostringstream s;
+  for (const auto& [name, n] : counts) s << n << " x " << name << ", ";
+  s << "1 x fp16 (embedding" << (lm_head_reads_embed ? ", also the output matrix)" : ")");
+  return s.str();
+}
+
 std::string DeviceModel::describe() const {
   std::ostringstream s;
-  const bool w4 = !layers.empty() && layers[0].qkv.w4.has_value();
-  s << (w4 ? "w4 g128" : "fp16") << " linears, " << static_cast<double>(weight_bytes()) / 1e9
-    << " GB on the device";
+  s << format_summary() << ", " << static_cast<double>(weight_bytes()) / 1e9 << " GB on the device";
   return s.str();
 }
 
@@ -767,6 +779,10 @@ class CudaBackend final : public Backend {
   }
   const KvStore& kv() const override { return accounting_; }
   const Model& model() const override { return model_; }
+  WeightsInfo weights() const override {
+    return {device_model_.format_summary(), static_cast<int64_t>(device_model_.weight_bytes()),
+            static_cast<int64_t>(device_model_.bytes_per_token())};
+  }
 
  private:
   static CudaEngineOptions engine_options(const KvOptions& kv, bool tune_gemms) {

@@ -329,6 +329,15 @@ TEST(CudaEngine, RejectsWhatItCannotRun) {
   const Model ok = make_random_model(tiny_config(Architecture::llama), 1, WeightMode::dense, 0.08f);
   kv.max_tokens = 8;
   auto gpu = make_cuda_backend(ok, kv, false);
+  // The weights as the device holds them: the model's f32 linears became
+  // fp16, q/k/v and gate/up stacked (4 per layer, 2 layers, and the untied
+  // output matrix), half the model's bytes.
+  const Backend::WeightsInfo on_device = gpu->weights();
+  EXPECT_EQ(on_device.formats, "9 x fp16, 1 x fp16 (embedding)");
+  EXPECT_EQ(on_device.formats.find("f32"), std::string::npos) << on_device.formats;
+  EXPECT_LT(on_device.bytes, static_cast<int64_t>(ok.weights.nbytes()));
+  EXPECT_GT(on_device.bytes_per_step, 0);
+  EXPECT_LE(on_device.bytes_per_step, on_device.bytes);
   const int s = gpu->add_sequence();
   std::vector<float> logits;
   const auto run = [&](int seq, std::vector<int32_t> tokens) {

@@ -124,12 +124,13 @@ void run_generate(const Options& o) {
   const int64_t decode_tokens = std::max<int64_t>(0, r.generated_tokens - static_cast<int64_t>(prompts.size()));
   const double prefill_tps = r.prefill_seconds > 0 ? static_cast<double>(r.prompt_tokens) / r.prefill_seconds : 0.0;
   const double decode_tps = r.decode_seconds > 0 ? static_cast<double>(decode_tokens) / r.decode_seconds : 0.0;
+  const Backend::WeightsInfo weights = backend->weights();
   if (!o.json.empty()) {
     nlohmann::ordered_json row;
     row["suite"] = "generate";
     row["impl"] = backend->name();
     row["model"] = model_path.filename().string();
-    row["weights"] = model.weights.format_summary();
+    row["weights"] = weights.formats;
     row["kv"] = backend_options.kv.describe();
     row["batch"] = prompts.size();
     row["prompt_tokens"] = r.prompt_tokens;
@@ -138,8 +139,8 @@ void run_generate(const Options& o) {
     row["decode_s"] = r.decode_seconds;
     row["prefill_tokens_per_s"] = prefill_tps;
     row["decode_tokens_per_s"] = decode_tps;
-    row["weight_bytes"] = model.weights.nbytes();
-    row["weight_bytes_per_step"] = model.weights.bytes_per_token();
+    row["weight_bytes"] = weights.bytes;
+    row["weight_bytes_per_step"] = weights.bytes_per_step;
     row["kv_bytes"] = r.kv_bytes;
     row["kv_bytes_per_token"] = backend->kv().bytes_per_token();
     bench::JsonRowsWriter(o.json).write(row);
@@ -148,15 +149,15 @@ void run_generate(const Options& o) {
   std::ostringstream s;
   s << std::fixed << std::setprecision(1);
   s << "\n-- " << model_path.filename().string() << ": " << model.config.describe() << "\n";
-  s << "-- device " << backend->name() << ", weights " << model.weights.format_summary() << "\n";
+  s << "-- device " << backend->name() << ", weights " << weights.formats << "\n";
   s << "-- prefill: " << r.prompt_tokens << " tokens in " << r.prefill_seconds * 1e3 << " ms ("
     << prefill_tps << " tokens/s)\n";
   s << "-- decode: " << decode_tokens << " tokens in " << r.decode_steps << " steps, " << r.decode_seconds * 1e3 << " ms ("
     << decode_tps << " tokens/s";
   if (prompts.size() > 1) s << ", batch " << prompts.size();
   s << ")\n";
-  s << "-- memory: weights " << mib(static_cast<double>(model.weights.nbytes())) << " ("
-    << mib(static_cast<double>(model.weights.bytes_per_token())) << " read per decode step), KV cache "
+  s << "-- memory: weights " << mib(static_cast<double>(weights.bytes)) << " ("
+    << mib(static_cast<double>(weights.bytes_per_step)) << " read per decode step), KV cache "
     << mib(static_cast<double>(r.kv_bytes)) << " for " << r.kv_tokens << " tokens, "
     << backend->kv().bytes_per_token() << " bytes per token (" << backend->kv().describe() << ")\n";
   std::cout << s.str() << std::flush;

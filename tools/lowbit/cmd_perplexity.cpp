@@ -80,7 +80,7 @@ void run_perplexity(const Options& o) {
     row["impl"] = backend->name();
     row["model"] = model_path.filename().string();
     row["text"] = fs::path(o.text).filename().string();
-    row["weights"] = model.weights.format_summary();
+    row["weights"] = backend->weights().formats;
     row["kv"] = backend_options.kv.describe();
     row["tokens"] = tokens.size();
     row["scored"] = r.scored;
@@ -93,7 +93,7 @@ void run_perplexity(const Options& o) {
               static_cast<long long>(r.scored));
   if (!o.quiet)
     std::printf("-- %s, device %s, weights %s, KV %s, %.1f s\n", model_path.filename().string().c_str(),
-                backend->name().c_str(), model.weights.format_summary().c_str(),
+                backend->name().c_str(), backend->weights().formats.c_str(),
                 backend_options.kv.describe().c_str(), r.seconds);
 }
 

@@ -41,6 +41,21 @@ class Backend {
   virtual void forward(std::span<const StepInput> inputs, LogitsWanted wanted, std::vector<float>& logits) = 0;
   virtual const KvStore& kv() const = 0;
   virtual const Model& model() const = 0;
+
+  // The weights as this backend holds them (what `lowbit generate` reports):
+  // their formats ("210 x w4 g32, 1 x q8"), their bytes, and the bytes one
+  // decode step reads. The CPU backend reads the model as loaded; the CUDA
+  // backend has its own copy (fp16 where the model has f32 or q8, q/k/v and
+  // gate/up stacked), so it reports that one.
+  struct WeightsInfo {
+    std::string formats;
+    int64_t bytes = 0;
+    int64_t bytes_per_step = 0;
+  };
+  virtual WeightsInfo weights() const {
+    const ModelWeights& w = model().weights;
+    return {w.format_summary(), static_cast<int64_t>(w.nbytes()), static_cast<int64_t>(w.bytes_per_token())};
+  }
 };
 
 struct CpuBackendOptions {

@@ -69,7 +69,11 @@ struct DeviceModel {
   // (every linear layer and the output matrix; one embedding row ignored).
   size_t weight_bytes() const;
   size_t bytes_per_token() const;
-  std::string describe() const;  // "w4 g128, 8.1 GB"
+  // The linears' formats on the device, counted as the engine runs them
+  // (q/k/v and gate/up stacked): "120 x w4 g32, 1 x fp16 (embedding, also
+  // the output matrix)".
+  std::string format_summary() const;
+  std::string describe() const;  // format_summary() and the bytes: "..., 8.1 GB on the device"
 
   // Uploads a loaded model. Linear layers stored w4 (RTN on load, GPTQ/AWQ,
   // GGUF Q4_x) stay 4-bit; dense and q8 ones become fp16 (or are quantized to
