@@ -8,6 +8,15 @@
 
 namespace lowbit::cli {
 
+void add_l2_flush_option(CLI::App& cmd, bool& flush_by_reading) {
+  cmd.add_option_function<std::string>(
+         "--l2-flush", [&flush_by_reading](const std::string& how) { flush_by_reading = how == "read"; },
+         "How L2 is evicted before each timed call: 'write' (a memset, as the peers' anchors were taken; it "
+         "leaves dirty lines that the timed call writes back while it reads) or 'read' (clean lines, as a "
+         "decode step finds them). Default: write")
+      ->check(CLI::IsMember({"write", "read"}));
+}
+
 void add_bench_command(CLI::App& app) {
   auto* bench = app.add_subcommand("bench", "Benchmarks on the GPU, each with its baseline timed in the same run");
   bench->require_subcommand(1);
@@ -21,7 +30,6 @@ void add_bench_command(CLI::App& app) {
       "beside it) and the M = 1 bandwidth against the measured copy bandwidth.");
   static W4A16BenchOptions options;
   static std::string dtype = "f16";
-  static std::string l2_flush = "write";
   std::vector<std::string> labels;
   for (const auto& s : w4a16_bench_shapes()) labels.push_back(s.label);
   gemm->add_option("--shapes", options.shapes, "Layer shapes to run (default: all)")
@@ -53,14 +61,8 @@ void add_bench_command(CLI::App& app) {
                    "Also time the gemv strategy with these K splits forced (M <= 16 only)")
       ->delimiter(',')
       ->check(CLI::PositiveNumber);
-  gemm->add_option("--l2-flush", l2_flush,
-                   "How L2 is evicted before each timed call: 'write' (a memset, as the peers' anchors were taken; "
-                   "leaves dirty lines that the timed call writes back) or 'read' (clean lines, as a decode step "
-                   "finds them)")
-      ->check(CLI::IsMember({"write", "read"}))
-      ->capture_default_str();
+  add_l2_flush_option(*gemm, options.flush_by_reading);
   gemm->callback([] {
-    options.flush_by_reading = l2_flush == "read";
     options.dtype = dtype == "bf16" ? DType::bf16 : DType::f16;
     run_w4a16_gemm_benchmark(options);
   });

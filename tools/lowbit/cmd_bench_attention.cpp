@@ -41,14 +41,8 @@ void add_bench_attention_command(CLI::App& bench) {
       ->delimiter(',')
       ->check(CLI::PositiveNumber);
   cmd->add_option("--json", options.json_path, "Write one JSON row per measurement to this file");
-  static std::string l2_flush = "write";
-  cmd->add_option("--l2-flush", l2_flush,
-                  "How L2 is evicted before each timed call: 'write' (a memset, as the SDPA anchors were taken; "
-                  "leaves dirty lines that the timed call writes back while it reads) or 'read' (clean lines)")
-      ->check(CLI::IsMember({"write", "read"}))
-      ->capture_default_str();
+  add_l2_flush_option(*cmd, options.flush_by_reading);
   cmd->callback([] {
-    options.flush_by_reading = l2_flush == "read";
     run_kv_attention_benchmark(options);
   });
 }

@@ -21,4 +21,10 @@ void add_bench_ans_command(CLI::App& bench);
 void add_bench_attention_command(CLI::App& bench);
 void add_bench_model_command(CLI::App& bench);
 
+// The GPU benchmarks' --l2-flush option: how L2 is evicted before each timed
+// call, 'write' (a memset, as the peers' anchors were taken; it leaves dirty
+// lines that the timed call writes back) or 'read' (clean lines, the state a
+// decode step finds). Sets flush_by_reading when the option is parsed.
+void add_l2_flush_option(CLI::App& cmd, bool& flush_by_reading);
+
 }  // namespace lowbit::cli
