@@ -203,7 +203,8 @@ std::unique_ptr<Backend> make_backend(const std::string& device, const Model& mo
       return make_cuda_backend(model, options.kv, false, options.tune_gemms);
     } catch (const Error& e) {
       if (e.kind() != ErrorKind::unsupported) throw;
-      // A model the CUDA kernels do not cover (e.g. head_dim 64) runs on the CPU.
+      // What the CUDA path does not cover (e.g. head_dim 96, attention biases, an fp32 KV
+      // cache) runs on the CPU; the output names the device used.
     }
   }
   return make_cpu_backend(model, options);
