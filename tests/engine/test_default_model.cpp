@@ -98,6 +98,47 @@ TEST(DefaultModel, ChatTemplateAnswersTheQuestion) {
   EXPECT_EQ(tok.decode(out, true).substr(0, 30), "The capital of France is Paris");
 }
 
+// The chat prompt both comparisons below decode from.
+std::vector<int32_t> lighthouse_prompt(const std::filesystem::path& path) {
+  const tokenizer::BpeTokenizer tok = tokenizer::BpeTokenizer::from_gguf(gguf::GgufFile::open(path));
+  const std::string chat = tok.apply_chat_template({{"user", "Write a long story about a lighthouse keeper."}}, true);
+  return tok.encode(chat, true);
+}
+
+// Two backends decoding one prompt, teacher-forced: the reference's greedy
+// tokens are fed to both, so one early disagreement cannot derail the rest
+// of the comparison. The prefill logits of every prompt position, then
+// `steps` decode steps: how often the greedy choices agree and the worst
+// max relative error of the decode logits.
+struct TeacherForced {
+  std::vector<float> ref_prefill, other_prefill;  // [prompt tokens][vocab]
+  int agree = 0;
+  double worst_decode_error = 0.0;
+};
+
+TeacherForced teacher_forced(engine::Backend& ref, engine::Backend& other, const std::vector<int32_t>& prompt,
+                             int64_t steps) {
+  TeacherForced r;
+  const int sr = ref.add_sequence(), so = other.add_sequence();
+  engine::StepInput in{sr, prompt};
+  ref.forward(std::span<const engine::StepInput>(&in, 1), engine::LogitsWanted::all, r.ref_prefill);
+  in.seq = so;
+  other.forward(std::span<const engine::StepInput>(&in, 1), engine::LogitsWanted::all, r.other_prefill);
+  const auto vocab = static_cast<int64_t>(ref.model().config.vocab);
+  std::vector<float> lr(r.ref_prefill.end() - vocab, r.ref_prefill.end());
+  std::vector<float> lo(r.other_prefill.end() - vocab, r.other_prefill.end());
+  for (int64_t s = 0; s < steps; ++s) {
+    const int32_t want = engine::argmax(lr);
+    r.agree += engine::argmax(lo) == want ? 1 : 0;
+    in = {sr, std::span<const int32_t>(&want, 1)};
+    ref.forward(std::span<const engine::StepInput>(&in, 1), engine::LogitsWanted::last, lr);
+    in.seq = so;
+    other.forward(std::span<const engine::StepInput>(&in, 1), engine::LogitsWanted::last, lo);
+    r.worst_decode_error = std::max(r.worst_decode_error, max_relative_error(lo, lr));
+  }
+  return r;
+}
+
 // Issue 6 asks that tq4 K and V keep the greedy choice of fp16 K/V on >= 99%
 // of 256 decode steps. Measured here on SmolLM2-135M (head_dim 64): 87%
 // (222 of 256); K alone in tq4 87%, V alone 94% (128 steps). The kv module's
@@ -105,12 +146,8 @@ TEST(DefaultModel, ChatTemplateAnswersTheQuestion) {
 // the cost of 4-bit K/V on this small model, not a defect of the engine path:
 // the assertion is the measured floor (see kEngineTq4Top1AgreementSmolLM2),
 // and tq3 must be worse than tq4 (the formats are not mixed up).
-// Teacher-forced: the fp16 run's greedy tokens are fed to both, so one early
-// disagreement cannot derail the rest of the comparison.
 double top1_agreement(const std::filesystem::path& path, engine::KvStorage format, int64_t steps) {
-  const tokenizer::BpeTokenizer tok = tokenizer::BpeTokenizer::from_gguf(gguf::GgufFile::open(path));
-  const std::string chat = tok.apply_chat_template({{"user", "Write a long story about a lighthouse keeper."}}, true);
-  const std::vector<int32_t> prompt = tok.encode(chat, true);
+  const std::vector<int32_t> prompt = lighthouse_prompt(path);
   const engine::Model& model = default_model();
   engine::CpuBackendOptions o;
   o.kv.max_tokens = static_cast<int64_t>(prompt.size()) + steps + 1;
@@ -118,22 +155,7 @@ double top1_agreement(const std::filesystem::path& path, engine::KvStorage forma
   auto ref = engine::make_cpu_backend(model, o);
   o.kv.k = o.kv.v = format;
   auto tq = engine::make_cpu_backend(model, o);
-  const int sr = ref->add_sequence(), st = tq->add_sequence();
-  std::vector<float> lr, lt;
-  engine::StepInput in{sr, prompt};
-  ref->forward(std::span<const engine::StepInput>(&in, 1), engine::LogitsWanted::last, lr);
-  in.seq = st;
-  tq->forward(std::span<const engine::StepInput>(&in, 1), engine::LogitsWanted::last, lt);
-  int agree = 0;
-  for (int64_t s = 0; s < steps; ++s) {
-    const int32_t want = engine::argmax(lr);
-    agree += engine::argmax(lt) == want ? 1 : 0;
-    in = {sr, std::span<const int32_t>(&want, 1)};
-    ref->forward(std::span<const engine::StepInput>(&in, 1), engine::LogitsWanted::last, lr);
-    in.seq = st;
-    tq->forward(std::span<const engine::StepInput>(&in, 1), engine::LogitsWanted::last, lt);
-  }
-  return agree / static_cast<double>(steps);
+  return teacher_forced(*ref, *tq, prompt, steps).agree / static_cast<double>(steps);
 }
 
 TEST(DefaultModel, TurboQuantKvTop1AgreementWithFp16Kv) {
@@ -169,45 +191,25 @@ TEST(DefaultModel, TurboQuantKvTop1AgreementWithFp16Kv) {
 TEST(DefaultModel, CudaBackendAgreesWithTheCpuBackend) {
   REQUIRE_DEFAULT_MODEL(path);
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: the CPU half alone proves nothing here";
-  const tokenizer::BpeTokenizer tok = tokenizer::BpeTokenizer::from_gguf(gguf::GgufFile::open(path));
   const engine::Model& model = default_model();
   {
-    const std::string chat = tok.apply_chat_template({{"user", "Write a long story about a lighthouse keeper."}}, true);
-    const std::vector<int32_t> prompt = tok.encode(chat, true);
+    const std::vector<int32_t> prompt = lighthouse_prompt(path);
     constexpr int64_t kSteps = 32;
     engine::CpuBackendOptions o;
     o.kv.max_tokens = static_cast<int64_t>(prompt.size()) + kSteps + 1;
     o.kv.k = o.kv.v = engine::KvStorage::fp16;
     auto cpu = engine::make_cpu_backend(model, o);
     auto gpu = engine::make_cuda_backend(model, o.kv);
-    const int sc = cpu->add_sequence(), sg = gpu->add_sequence();
-    std::vector<float> want, got;
-    engine::StepInput in{sc, prompt};
-    cpu->forward(std::span<const engine::StepInput>(&in, 1), engine::LogitsWanted::all, want);
-    in.seq = sg;
-    gpu->forward(std::span<const engine::StepInput>(&in, 1), engine::LogitsWanted::all, got);
-    ASSERT_EQ(got.size(), want.size());
-    const double prefill_err = max_relative_error(got, want);
+    const TeacherForced r = teacher_forced(*cpu, *gpu, prompt, kSteps);
+    ASSERT_EQ(r.other_prefill.size(), r.ref_prefill.size());
+    const double prefill_err = max_relative_error(r.other_prefill, r.ref_prefill);
+    std::cout << "fp16 KV: prefill max rel error " << prefill_err << ", decode worst " << r.worst_decode_error
+              << ", top-1 agreement " << r.agree << " of " << kSteps << "\n";
     EXPECT_LE(prefill_err, kCudaEngineLogitsRelError) << "prefill logits of " << prompt.size() << " tokens";
-    const int64_t vocab = model.config.vocab;
-    want.erase(want.begin(), want.end() - vocab);
-    got.erase(got.begin(), got.end() - vocab);
-    double worst = 0.0;
-    int agree = 0;
-    for (int64_t s = 0; s < kSteps; ++s) {
-      const int32_t next = engine::argmax(want);
-      agree += engine::argmax(got) == next ? 1 : 0;
-      in = {sc, std::span<const int32_t>(&next, 1)};
-      cpu->forward(std::span<const engine::StepInput>(&in, 1), engine::LogitsWanted::last, want);
-      in.seq = sg;
-      gpu->forward(std::span<const engine::StepInput>(&in, 1), engine::LogitsWanted::last, got);
-      worst = std::max(worst, max_relative_error(got, want));
-    }
-    std::cout << "fp16 KV: prefill max rel error " << prefill_err << ", decode worst " << worst
-              << ", top-1 agreement " << agree << " of " << kSteps << "\n";
-    EXPECT_LE(worst, kCudaEngineLogitsRelError);
-    EXPECT_GE(agree, kSteps - 2);
+    EXPECT_LE(r.worst_decode_error, kCudaEngineLogitsRelError);
+    EXPECT_GE(r.agree, kSteps - 2);
   }
+  const tokenizer::BpeTokenizer tok = tokenizer::BpeTokenizer::from_gguf(gguf::GgufFile::open(path));
   std::ifstream file(std::string(LOWBIT_SOURCE_DIR) + "/data/perplexity/lowbit-prose.txt");
   ASSERT_TRUE(file) << "data/perplexity/lowbit-prose.txt";
   const std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
