@@ -14,6 +14,7 @@
 
 #include "lowbit/engine/backend.h"
 #include "lowbit/engine/weights.h"
+#include "lowbit/io/safetensors.h"
 
 namespace lowbit::test {
 
@@ -47,6 +48,27 @@ inline std::vector<float> run_positions(engine::Backend& backend, std::span<cons
   }
   backend.release_sequence(seq);
   return all;
+}
+
+// A golden folder's reference (tests/engine/make_golden.py): the tokens (a
+// prompt of kGoldenPrefill, then transformers' greedy continuation), the
+// logits at every position, and those with the linears fake-quantized to w4.
+inline constexpr size_t kGoldenPrefill = 10;  // make_golden.py's PROMPT_TOKENS
+struct Golden {
+  std::vector<int32_t> tokens;
+  std::vector<float> logits, logits_w4;
+};
+
+inline Golden read_golden(const std::string& model) {
+  const io::SafetensorsFile f = io::SafetensorsFile::open(golden_dir(model) / "golden.safetensors");
+  Golden g;
+  const TensorView t = f.view("tokens");
+  g.tokens.assign(t.as<const int32_t>(), t.as<const int32_t>() + t.numel());
+  const TensorView l = f.view("logits");
+  g.logits.assign(l.as<const float>(), l.as<const float>() + l.numel());
+  const TensorView w = f.view("logits_w4");
+  g.logits_w4.assign(w.as<const float>(), w.as<const float>() + w.numel());
+  return g;
 }
 
 // The default model (scripts/fetch-default-model), or "" when it is not in the cache.

@@ -1,6 +1,8 @@
 // The engine's logits against Hugging Face transformers on tiny
 // random-initialized Llama and Qwen3 models (tests/engine/make_golden.py wrote
-// the checkpoints and the reference logits; see its header for the models).
+// the checkpoints and the reference logits; see its header for the models:
+// llama and qwen3 in fp32, llama_d64 and qwen3_d128 in fp16 with the head
+// dimensions of the CUDA kernels, which tests/cuda/test_cuda_golden.cu runs).
 // The test prefills the first 10 tokens (logits of every position) and then
 // decodes the remaining 4 one at a time, teacher-forced with the tokens
 // transformers chose greedily, so every position's logits are compared.
@@ -22,24 +24,7 @@ namespace {
 
 using engine::KvStorage;
 
-constexpr size_t kPrefill = 10;  // make_golden.py's PROMPT_TOKENS
-
-struct Golden {
-  std::vector<int32_t> tokens;
-  std::vector<float> logits, logits_w4;
-};
-
-Golden read_golden(const std::string& model) {
-  const io::SafetensorsFile f = io::SafetensorsFile::open(golden_dir(model) / "golden.safetensors");
-  Golden g;
-  const TensorView t = f.view("tokens");
-  g.tokens.assign(t.as<const int32_t>(), t.as<const int32_t>() + t.numel());
-  const TensorView l = f.view("logits");
-  g.logits.assign(l.as<const float>(), l.as<const float>() + l.numel());
-  const TensorView w = f.view("logits_w4");
-  g.logits_w4.assign(w.as<const float>(), w.as<const float>() + w.numel());
-  return g;
-}
+constexpr size_t kPrefill = kGoldenPrefill;
 
 engine::CpuBackendOptions fp32_kv() {
   engine::CpuBackendOptions o;
@@ -55,7 +40,8 @@ class GoldenLogits : public ::testing::TestWithParam<std::string> {};
 TEST_P(GoldenLogits, Fp32MatchesTransformers) {
   const Golden g = read_golden(GetParam());
   const engine::Model model = engine::load_model(golden_dir(GetParam()));
-  EXPECT_EQ(model.weights.embed.format, engine::MatrixFormat::f32);
+  EXPECT_EQ(model.weights.embed.format,
+            GetParam().find("_d") == std::string::npos ? engine::MatrixFormat::f32 : engine::MatrixFormat::f16);
   auto backend = engine::make_cpu_backend(model, fp32_kv());
   const std::vector<float> ours = run_positions(*backend, g.tokens, kPrefill);
   ASSERT_EQ(ours.size(), g.logits.size());
@@ -73,10 +59,12 @@ TEST_P(GoldenLogits, W4MatchesTransformersOnFakeQuantizedWeights) {
   engine::LoadOptions lo;
   lo.weights = engine::WeightMode::w4;
   const engine::Model model = engine::load_model(golden_dir(GetParam()), lo);
-  // Our RTN dequantizes to exactly the weights transformers ran.
+  // Our RTN dequantizes to exactly the weights transformers ran (the fp16
+  // models' golden files leave those out to stay small: logits only).
   const io::SafetensorsFile f = io::SafetensorsFile::open(golden_dir(GetParam()) / "golden.safetensors");
   const auto check_matrix = [&](const engine::WeightMatrix& m, const std::string& name) {
     ASSERT_EQ(m.format, engine::MatrixFormat::w4) << name;
+    if (!f.contains("w4." + name)) return;
     const TensorView ref = f.view("w4." + name);
     std::vector<float> row(static_cast<size_t>(m.cols));
     for (int64_t r = 0; r < m.rows; ++r) {
@@ -158,7 +146,7 @@ TEST_P(GoldenLogits, Fp16KvStaysCloseToFp32Kv) {
   EXPECT_GT(err, 0.0);  // it really stored fp16
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, GoldenLogits, ::testing::Values("llama", "qwen3"),
+INSTANTIATE_TEST_SUITE_P(Models, GoldenLogits, ::testing::Values("llama", "qwen3", "llama_d64", "qwen3_d128"),
                          [](const auto& param_info) { return std::string(param_info.param); });
 
 TEST(GoldenModels, ConfigsAreReadAsWritten) {
@@ -175,6 +163,11 @@ TEST(GoldenModels, ConfigsAreReadAsWritten) {
   EXPECT_FALSE(qwen.weights.lm_head.has_value());
   EXPECT_EQ(qwen.config.q_dim(), 128);
   EXPECT_EQ(qwen.config.hidden, 64);
+  EXPECT_EQ(engine::load_model(golden_dir("llama_d64")).config.head_dim, 64);
+  const engine::Model q128 = engine::load_model(golden_dir("qwen3_d128"));
+  EXPECT_EQ(q128.config.head_dim, 128);
+  EXPECT_EQ(q128.config.q_dim(), 256);
+  EXPECT_EQ(q128.config.num_heads / q128.config.num_kv_heads, 2);
 }
 
 }  // namespace
