@@ -558,14 +558,14 @@ void CudaEngine::prepare(std::span<const StepRow> rows, bool all_tokens) {
   // past a row's end are never read), so consecutive decode steps launch the
   // same kernels with the same arguments (decode_graphs).
   plan_length_ = 0;
-  // Any other step may grow a buffer the graph's kernels point to.
-  if (!decode) drop_decode_graph();
   if (decode) {
     const int64_t unit = options_.decode_plan_tokens;
     plan_length_ = (longest + unit - 1) / unit * unit;
     const size_t pages = static_cast<size_t>((plan_length_ + options_.page_size - 1) / options_.page_size);
     for (std::vector<int32_t>& t : tables)
       if (t.size() < pages) t.resize(pages, 0);
+  } else {
+    drop_decode_graph();  // this step may grow a buffer the graph's kernels point to
   }
   const int64_t logit_rows = all_tokens ? M : static_cast<int64_t>(rows.size());
   ensure_capacity(M, logit_rows);
