@@ -9,6 +9,10 @@
 //  3. merge: the exact log-sum-exp merge of the chunks, then out = o @ M^T
 //     once per output when V is stored rotated.
 //
+// Every kernel is a template on the head dimension D (64 or 128); a lane's
+// share of a row, the k-steps and the m-tiles scale with it. The numbers
+// below are for d = 128, the dimension it was tuned on.
+//
 // Why the attend kernel looks the way it does (bandwidth is the budget: at
 // batch 8 / 32k the tq4 cache is 277 MB, 92 us at 3 TB/s):
 //  - CUDA-core dequantization is the trap published int4 kernels fall into:

@@ -263,7 +263,7 @@ __global__ void __launch_bounds__(D) write_kernel(WriteArgs a) {
   const int j = threadIdx.x;
   const bool haar = a.signs == nullptr;
   if (haar) {
-    // 64 KB per CTA: float4 loads, eight in flight per thread (one 4-byte
+    // 64 KB per CTA at d = 128: float4 loads, eight in flight per thread (one 4-byte
     // load per loop trip was ~30 us of L2 round trips at decode, most of the
     // append's time).
     constexpr int kVecs = kD * kD / 4, kInFlight = 8;
@@ -465,7 +465,7 @@ void launch_write(const DeviceKvCache& cache, int layer, const DeviceBlockTables
       done = true;
     }
     const int64_t batches = (vectors + per_cta - 1) / per_cta;
-    // Each CTA loads M (64 KB) once: few enough CTAs that this stays small
+    // Each CTA loads M (64 KB at d = 128) once: few enough CTAs that this stays small
     // beside the K/V traffic, enough for every SM to hold two.
     const int grid = static_cast<int>(std::min<int64_t>(batches, 2 * int64_t{sms}));
     cuda::launch_with_pdl(kernel, dim3(grid), dim3(static_cast<unsigned>(d)), smem, stream, a);
