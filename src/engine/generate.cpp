@@ -7,6 +7,21 @@
 
 namespace lowbit::engine {
 
+void warm_up(Backend& backend, int32_t token) {
+  const int seq = backend.add_sequence();
+  struct Release {
+    Backend& b;
+    int s;
+    ~Release() { b.release_sequence(s); }
+  } release{backend, seq};
+  const int32_t two[2] = {token, token};
+  std::vector<float> logits;
+  StepInput in{seq, std::span<const int32_t>(two, 2)};
+  backend.forward(std::span<const StepInput>(&in, 1), LogitsWanted::last, logits);  // the prefill kernels
+  in.tokens = std::span<const int32_t>(two, 1);
+  backend.forward(std::span<const StepInput>(&in, 1), LogitsWanted::last, logits);  // the decode kernels
+}
+
 GenerateResult generate(Backend& backend, std::span<const std::vector<int32_t>> prompts, const GenerateOptions& options,
                         const TokenCallback& on_token) {
   LOWBIT_CHECK_ARG(!prompts.empty(), "prompts", 0, "at least one prompt");

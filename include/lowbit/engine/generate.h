@@ -40,4 +40,12 @@ using TokenCallback = std::function<bool(size_t index, int32_t token)>;
 GenerateResult generate(Backend& backend, std::span<const std::vector<int32_t>> prompts, const GenerateOptions& options,
                         const TokenCallback& on_token = {});
 
+// A two-token prefill and one decode step of `token` on a scratch sequence,
+// released afterwards: a backend's first calls pay one-time costs (CUDA
+// loads each kernel's module at its first launch, workspaces are allocated:
+// ~100 ms on an H100), which would otherwise be counted as the first
+// prompt's prefill time. Needs room for one more sequence of 3 tokens; the
+// backend is left as it was (no sequence, the same results after).
+void warm_up(Backend& backend, int32_t token);
+
 }  // namespace lowbit::engine
