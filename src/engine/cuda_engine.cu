@@ -104,7 +104,7 @@ DeviceLinear random_linear(int64_t N, int64_t K, bool w4, uint64_t seed) {
 
 // What the CUDA kernels cover; the rest runs on the CPU backend.
 void check_cuda_support(const ModelConfig& c) {
-  if (c.head_dim > INT32_MAX || !kv::device_head_dim_supported(static_cast<int>(c.head_dim)))
+  if (!kv::device_head_dim_supported(c.head_dim))
     fail(ErrorKind::unsupported, "the CUDA engine needs head_dim 64 or 128 (its attention kernels are built for "
          "them); this model has ", c.head_dim);
   if (c.num_heads / c.num_kv_heads > kv::kDeviceMaxGroup)

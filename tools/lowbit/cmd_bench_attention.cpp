@@ -42,9 +42,7 @@ void add_bench_attention_command(CLI::App& bench) {
       ->check(CLI::PositiveNumber);
   cmd->add_option("--json", options.json_path, "Write one JSON row per measurement to this file");
   add_l2_flush_option(*cmd, options.flush_by_reading);
-  cmd->callback([] {
-    run_kv_attention_benchmark(options);
-  });
+  cmd->callback([] { run_kv_attention_benchmark(options); });
 }
 
 }  // namespace lowbit::cli

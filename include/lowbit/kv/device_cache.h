@@ -46,7 +46,7 @@ namespace lowbit::kv {
 
 // The head dimensions the CUDA kernels are compiled for: 128 (Llama, Qwen3)
 // and 64 (SmolLM2 and other small models).
-constexpr bool device_head_dim_supported(int head_dim) { return head_dim == 64 || head_dim == 128; }
+constexpr bool device_head_dim_supported(int64_t head_dim) { return head_dim == 64 || head_dim == 128; }
 inline constexpr int kDeviceMaxGroup = 8;
 
 class DeviceKvCache {
