@@ -15,7 +15,6 @@
 #include "lowbit/core/half.h"
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/device.h"
-#include "lowbit/cuda/l2_prefetch.h"
 #include "lowbit/cuda/random.h"
 #include "lowbit/engine/cuda_engine.h"
 #include "lowbit/ops/layer_ops_cuda.h"
@@ -287,21 +286,6 @@ CudaEngine::CudaEngine(const DeviceModel& model, const CudaEngineOptions& option
   for (int64_t p = kc.num_pages - 1; p >= 0; --p) free_pages_.push_back(static_cast<int32_t>(p));
   LOWBIT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   if (options.tune_decode_gemms) tune_decode_gemms();
-  int64_t prefetch = options.l2_prefetch_bytes;
-  if (const char* env = std::getenv("LOWBIT_L2_PREFETCH_MB"); env != nullptr && *env != '\0') {
-    char* end = nullptr;
-    const long long mb = std::strtoll(env, &end, 10);
-    LOWBIT_REQUIRE(end != nullptr && *end == '\0' && mb >= 0,
-                   "LOWBIT_L2_PREFETCH_MB must be a whole number of MiB (0: off), got '", env, "'");
-    prefetch = mb << 20;
-  }
-  if (prefetch < 0) {
-    int device = 0, l2 = 0;
-    LOWBIT_CUDA_CHECK(cudaGetDevice(&device));
-    LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
-    prefetch = l2 / 2;
-  }
-  l2_prefetch_bytes_ = cuda::l2_prefetch_supported() ? static_cast<size_t>(prefetch) : 0;
 }
 
 void CudaEngine::tune_decode_gemms() {
@@ -449,23 +433,6 @@ void CudaEngine::linear(const DeviceLinear& w, const void* x, int64_t M, void* y
     const void* weights = w.dense.data() != nullptr ? w.dense.data() : model_.embed.data();
     cuda::gemm_f16_cublas(cublas_.get(), x, weights, y, M, w.N, w.K, stream_, cuda::WeightLayout::nk);
   }
-}
-
-void CudaEngine::prefetch_weights(std::initializer_list<const DeviceLinear*> linears) {
-  if (l2_prefetch_bytes_ == 0) return;
-  std::vector<cuda::L2Range> ranges;
-  for (const DeviceLinear* d : linears) {
-    if (d->w4) {
-      // Scales and zeros first: every CTA of the GEMM reads some of them
-      // with its first weights.
-      ranges.push_back({d->w4->scale_zero(), d->w4->scale_zero_bytes()});
-      ranges.push_back({d->w4->qweight(), d->w4->qweight_bytes()});
-    } else if (d->dense.data() != nullptr) {
-      ranges.push_back({d->dense.data(), static_cast<size_t>(d->N * d->K) * 2});
-    }
-  }
-  cuda::prefetch_to_l2(ranges, l2_prefetch_bytes_, stream_);
-  mark("L2 prefetch");
 }
 
 void CudaEngine::attention_layer(int layer, std::span<const StepRow> rows,
@@ -646,9 +613,6 @@ void CudaEngine::launch(const int32_t* d_tokens) {
     const DeviceLayer& L = model_.layers[static_cast<size_t>(l)];
     linear(L.qkv, normed_.data(), M, qkv_.data());
     mark("qkv GEMM");
-    // The chain up to the o GEMM hardly uses the memory bus: fetch the next
-    // GEMMs' weights into L2 meanwhile (l2_prefetch_bytes).
-    prefetch_weights({&L.o, &L.gate_up});
     // q/k norm (Qwen3), RoPE and the widening to the fp32 q/k/v that the KV
     // kernels take (they quantize and rotate in fp32), in one launch.
     const TensorView q_norm = dev(L.q_norm.data(), DType::f16, {c.head_dim});

@@ -151,8 +151,6 @@ void run_model_benchmark(const ModelBenchOptions& options) {
             if (batch == 1 && !printed_choices) {
               for (const std::string& line : engine->decode_gemm_choices())
                 std::printf("   single-row GEMM, %s\n", line.c_str());
-              std::printf("   L2 prefetch of the o and gate/up weights after each qkv GEMM: %.1f MiB\n",
-                          static_cast<double>(engine->l2_prefetch_bytes()) / (1 << 20));
               printed_choices = true;
             }
             std::vector<StepRow> rows;

@@ -24,7 +24,6 @@
 #include <optional>
 #include <span>
 #include <string>
-#include <initializer_list>
 #include <vector>
 
 #include "lowbit/core/tensor.h"
@@ -110,15 +109,6 @@ struct CudaEngineOptions {
   // Eager and replayed steps give the same bits.
   bool decode_graphs = true;
   int64_t decode_plan_tokens = 256;
-  // Bytes of weights asked into L2 ahead of their GEMM (cuda/l2_prefetch.h).
-  // After a layer's qkv GEMM the step runs a chain of small kernels (q/k
-  // norm + RoPE, KV append, attention) that barely use the memory bus; a
-  // prefetch issued there brings the o projection's weights, then the start
-  // of gate/up's, into L2, up to this many bytes. -1: half the device's L2
-  // (the other half keeps what the chain itself reads); 0: no prefetch.
-  // LOWBIT_L2_PREFETCH_MB in the environment overrides it (to measure).
-  // Hopper and later only; values are unchanged either way.
-  int64_t l2_prefetch_bytes = -1;
 };
 
 // One row of a step: `n` new tokens of sequence `seq` at positions
@@ -177,8 +167,6 @@ class CudaEngine {
   // nothing was tuned.
   const std::vector<std::string>& decode_gemm_choices() const { return decode_gemm_choices_; }
   const kv::DeviceKvCache& cache() const { return *cache_; }
-  // Bytes of the o and gate/up weights asked into L2 per layer (l2_prefetch_bytes resolved; 0: none).
-  size_t l2_prefetch_bytes() const { return l2_prefetch_bytes_; }
   cudaStream_t stream() const { return stream_; }
   int64_t kv_bytes_per_token() const;  // all layers, K and V
 
@@ -224,7 +212,6 @@ class CudaEngine {
   void launch_decode_graph();
   void drop_decode_graph();
   void linear(const DeviceLinear& w, const void* x, int64_t M, void* y);
-  void prefetch_weights(std::initializer_list<const DeviceLinear*> linears);
   void attention_layer(int layer, std::span<const StepRow> rows, const kv::DeviceBlockTables& tables,
                        int64_t M);
 
@@ -243,7 +230,6 @@ class CudaEngine {
   std::vector<std::string> decode_gemm_choices_;
   void tune_decode_gemms();
   kv::AttentionWorkspace attention_workspace_;
-  size_t l2_prefetch_bytes_ = 0;  // resolved from options_.l2_prefetch_bytes; 0: off
   // Pages: a free list and each live sequence's table and length.
   std::vector<int32_t> free_pages_;
   std::vector<std::vector<int32_t>> seq_pages_;

@@ -92,8 +92,6 @@ class W4A16Weights {
 
   const void* qweight() const { return qweight_.data(); }
   const uint32_t* scale_zero() const { return scale_zero_.as<const uint32_t>(); }
-  size_t qweight_bytes() const { return qweight_.size(); }
-  size_t scale_zero_bytes() const { return scale_zero_.size(); }
   const int32_t* perm() const { return perm_.as<const int32_t>(); }
 
  private:
