@@ -263,10 +263,11 @@ __global__ void __launch_bounds__(D) write_kernel(WriteArgs a) {
   const int j = threadIdx.x;
   const bool haar = a.signs == nullptr;
   if (haar) {
-    // 64 KB per CTA at d = 128: float4 loads, eight in flight per thread (one 4-byte
-    // load per loop trip was ~30 us of L2 round trips at decode, most of the
-    // append's time).
-    constexpr int kVecs = kD * kD / 4, kInFlight = 8;
+    // 64 KB per CTA at d = 128: float4 loads, all D / 4 of a thread in flight
+    // at once, one round trip (one 4-byte load per loop trip was ~30 us of L2
+    // round trips at decode, most of the append's time; eight in flight, four
+    // round trips from HBM on the critical path of a decode step).
+    constexpr int kVecs = kD * kD / 4, kInFlight = kD * kD / 4 / kWriteThreads;  // all of it in one round
     const float4* src = reinterpret_cast<const float4*>(a.rot);
     float4* dst = reinterpret_cast<float4*>(m_s);
     for (int base = j; base < kVecs; base += kInFlight * kWriteThreads) {
