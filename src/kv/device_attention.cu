@@ -709,6 +709,10 @@ __global__ void __launch_bounds__(kRotThreads<D>) merge_kernel(AttnArgs a, const
   float mslice[D / 4];  // the constant un-rotation, requested before waiting
   if (mt != nullptr) load_matrix_slice<D>(mt, mslice);
   cuda::pdl_wait();
+  // The next kernel (the engine's o projection, a W4A16 GEMM) is launched
+  // now and requests its first weights while this one merges: without the
+  // trigger it started only when this grid had ended, with its pipeline empty.
+  cuda::pdl_launch_dependents();
   __shared__ float ys[kDeviceMaxGroup][D];
   __shared__ float red[4][kDeviceMaxGroup][D];
   const int r = blockIdx.x, h = blockIdx.y;
