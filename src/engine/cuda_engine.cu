@@ -420,15 +420,22 @@ void CudaEngine::ensure_capacity(int64_t tokens, int64_t logit_rows) {
   }
 }
 
-void CudaEngine::linear(const DeviceLinear& w, const void* x, int64_t M, void* y) {
+W4A16Options CudaEngine::single_row_options(const DeviceLinear& w) const {
+  const auto it = decode_gemm_.find(&w);
+  return it != decode_gemm_.end() ? it->second : options_.decode_gemm;
+}
+
+bool CudaEngine::down_fuses_silu(const DeviceLinear& down, int64_t M) const {
+  return options_.fuse_silu_into_down && M == 1 && down.w4 && down.K % 8 == 0 && !down.w4->act_order() &&
+         single_row_options(down).strategy == W4A16Strategy::gemv;
+}
+
+void CudaEngine::linear(const DeviceLinear& w, const void* x, int64_t M, void* y, bool x_silu_mul) {
   if (w.w4) {
-    W4A16Options options;
-    if (M == 1) {
-      const auto it = decode_gemm_.find(&w);
-      if (it != decode_gemm_.end()) options = it->second;
-    }
-    w4a16_gemm(dev(const_cast<void*>(x), DType::f16, {M, w.K}), *w.w4, dev(y, DType::f16, {M, w.N}),
-               w4_workspace_, options, stream_);
+    W4A16Options options = M == 1 ? single_row_options(w) : W4A16Options{};
+    options.x_silu_mul = x_silu_mul;
+    w4a16_gemm(dev(const_cast<void*>(x), DType::f16, {M, x_silu_mul ? 2 * w.K : w.K}), *w.w4,
+               dev(y, DType::f16, {M, w.N}), w4_workspace_, options, stream_);
   } else {
     const void* weights = w.dense.data() != nullptr ? w.dense.data() : model_.embed.data();
     cuda::gemm_f16_cublas(cublas_.get(), x, weights, y, M, w.N, w.K, stream_, cuda::WeightLayout::nk);
@@ -631,12 +638,17 @@ void CudaEngine::launch(const int32_t* d_tokens) {
     mark("add + RMSNorm");
     linear(L.gate_up, normed_.data(), M, gate_up_.data());
     mark("gate/up GEMM");
-    ops::silu_mul(rows_view(gate_up_, 0, M, c.intermediate, 2 * c.intermediate),
-                  rows_view(gate_up_, c.intermediate, M, c.intermediate, 2 * c.intermediate),
-                  dev(act_.data(), DType::f16, {M, c.intermediate}), stream_);
-    mark("SiLU x up");
-    linear(L.down, act_.data(), M, tmp_.data());
-    mark("down GEMM");
+    if (down_fuses_silu(L.down, M)) {
+      linear(L.down, gate_up_.data(), M, tmp_.data(), true);
+      mark("SiLU x up + down GEMM");
+    } else {
+      ops::silu_mul(rows_view(gate_up_, 0, M, c.intermediate, 2 * c.intermediate),
+                    rows_view(gate_up_, c.intermediate, M, c.intermediate, 2 * c.intermediate),
+                    dev(act_.data(), DType::f16, {M, c.intermediate}), stream_);
+      mark("SiLU x up");
+      linear(L.down, act_.data(), M, tmp_.data());
+      mark("down GEMM");
+    }
     const Buffer& next_norm =
         l + 1 < c.num_layers ? model_.layers[static_cast<size_t>(l + 1)].attn_norm : model_.final_norm;
     ops::add_rms_norm(residual, tmp, dev(next_norm.data(), DType::f16, {c.hidden}), eps, normed, stream_);

@@ -151,6 +151,9 @@ void run_model_benchmark(const ModelBenchOptions& options) {
             if (batch == 1 && !printed_choices) {
               for (const std::string& line : engine->decode_gemm_choices())
                 std::printf("   single-row GEMM, %s\n", line.c_str());
+              std::printf("   single-row steps: SiLU %s\n", engine->silu_fused_into_down()
+                                                                  ? "read inside the down projection (gemv)"
+                                                                  : "in a kernel of its own");
               printed_choices = true;
             }
             std::vector<StepRow> rows;

@@ -17,6 +17,7 @@
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/pdl.cuh"
 #include "lowbit/ops/layer_ops_cuda.h"
+#include "lowbit/ops/silu.cuh"
 
 namespace lowbit::ops {
 
@@ -309,8 +310,7 @@ __global__ void silu_mul_kernel(const T* gate, const T* up, int64_t row_stride, 
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t t = e / width, i = e % width;
-    const float g = to_float(gate[t * row_stride + i]);
-    out[e] = from_float<T>(g / (1.0f + expf(-g)) * to_float(up[t * row_stride + i]));
+    out[e] = from_float<T>(silu_times(to_float(gate[t * row_stride + i]), to_float(up[t * row_stride + i])));
   }
 }
 

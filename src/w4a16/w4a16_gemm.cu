@@ -683,8 +683,16 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
 
 void w4a16_gemm(const TensorView& x, const W4A16Weights& w, const TensorView& y, W4A16Workspace& workspace,
                 const W4A16Options& options, cudaStream_t stream) {
-  check_activation(x, "x", w, w.K());
+  check_activation(x, "x", w, options.x_silu_mul ? 2 * w.K() : w.K());
   check_activation(y, "y", w, w.N());
+  if (options.x_silu_mul && options.strategy != W4A16Strategy::gemv)
+    fail(ErrorKind::unsupported, "W4A16Options::x_silu_mul is read by the gemv strategy only; the options ask for '",
+         w4a16_strategy_name(options.strategy), "'");
+  if (options.x_silu_mul && w.act_order())
+    fail(ErrorKind::unsupported, "W4A16Options::x_silu_mul does not take act-order weights");
+  if (options.x_silu_mul && w.K() % 8 != 0)
+    fail(ErrorKind::unsupported, "W4A16Options::x_silu_mul needs K a multiple of 8 (the up half's rows start at ",
+         "16-byte boundaries), got K = ", w.K());
   if (x.shape[0] != y.shape[0])
     fail(ErrorKind::invalid_argument, "x is ", x.shape_string(), " and y is ", y.shape_string(),
          ": expected the same number of rows M");
@@ -778,6 +786,7 @@ void w4a16_gemm(const TensorView& x, const W4A16Weights& w, const TensorView& y,
 
   if (plan.strategy == W4A16Strategy::gemv) {
     w4a16_detail::TiledGemmArgs a = tiled_args(xin, ldx, w, y, M, iters, group_shift, plan.split_k);
+    a.x_up_offset = options.x_silu_mul ? w.K() : 0;
     if (plan.split_k > 1) {
       // Slot 2: the partials of every split; slot 3: one counter per column block (kept zero).
       const int N_pad = static_cast<int>(w.N_padded());

@@ -53,6 +53,7 @@
 #include "lowbit/core/error.h"
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/pdl.cuh"
+#include "lowbit/ops/silu.cuh"
 #include "w4a16_device.cuh"
 #include "w4a16_gemv.h"
 
@@ -101,6 +102,8 @@ __device__ __forceinline__ uint32_t scale_pair_by_16th(uint32_t v) {
   if constexpr (std::is_same_v<T, half>) return as_u32(__hmul2(from_u32<V>(v), __float2half2_rn(0.0625f)));
   else return v;  // bf16 codes all carry 128 + q: x is used as is
 }
+__device__ __forceinline__ float scalar_to_float(half v) { return __half2float(v); }
+__device__ __forceinline__ float scalar_to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
 template <typename T>
 __device__ __forceinline__ float2 pair_to_float2(uint32_t v) {
   if constexpr (std::is_same_v<T, half>) return __half22float2(from_u32<half2>(v));
@@ -189,7 +192,24 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
         const int k = (i0 + il) * 64 + 16 * j + 8 * h;
         const T* src = static_cast<const T*>(args.x) + static_cast<int64_t>(m0 + row) * args.ldx + k;
         uint4 v;
-        if (k + 8 <= args.K) {
+        if (args.x_up_offset != 0) {
+          // x through the decode step's SiLU (W4A16Options::x_silu_mul).
+          T e[8];
+          if (k + 8 <= args.K) {
+            const uint4 gv = __ldg(reinterpret_cast<const uint4*>(src));
+            const uint4 uv = __ldg(reinterpret_cast<const uint4*>(src + args.x_up_offset));
+            const T* g8 = reinterpret_cast<const T*>(&gv);
+            const T* u8 = reinterpret_cast<const T*>(&uv);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) e[i] = from_float<T>(ops::silu_times(scalar_to_float(g8[i]), scalar_to_float(u8[i])));
+          } else {
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+              e[i] = k + i < args.K ? from_float<T>(ops::silu_times(scalar_to_float(src[i]), scalar_to_float(src[i + args.x_up_offset])))
+                                    : from_float<T>(0.0f);
+          }
+          v = *reinterpret_cast<const uint4*>(e);
+        } else if (k + 8 <= args.K) {
           v = __ldg(reinterpret_cast<const uint4*>(src));
         } else {
           T e[8];

@@ -22,6 +22,7 @@ struct TiledGemmArgs {
   int iters;        // K_pad / 64
   int group_shift;  // log2(group size), or -1 for per channel
   int split_k;
+  int64_t x_up_offset;  // gemv: 0, or x holds gate | up and the kernel reads silu(gate) * up (up at x + x_up_offset)
 };
 
 }  // namespace lowbit::w4a16_detail

@@ -224,6 +224,45 @@ TEST(CudaEngine, TunedDecodeGemmsListTheirChoiceAndAgree) {
     EXPECT_LE(max_rel_error(out[1][step], out[0][step]), test::kCudaEngineBatchRelError) << "step " << step;
 }
 
+// Single-row steps whose down projection runs the gemv strategy read the
+// SiLU inside it (fuse_silu_into_down): the logits are the bits of the same
+// engine with the SiLU kernel separate, at every decode step; a prefill (5
+// rows) runs the separate kernel in both.
+TEST(CudaEngine, SiluFusedIntoTheDownProjectionGivesTheSameBits) {
+  LOWBIT_REQUIRE_GPU();
+  for (Architecture arch : {Architecture::llama, Architecture::qwen3}) {
+    const Model model = make_random_model(tiny_config(arch), 17, WeightMode::w4, 0.08f);
+    const DeviceModel device_model = DeviceModel::upload(model, false);
+    CudaEngineOptions options;
+    options.max_tokens = 32;
+    options.decode_gemm = W4A16Options{W4A16Strategy::gemv, 0};
+    CudaEngine fused(device_model, options);
+    options.fuse_silu_into_down = false;
+    CudaEngine separate(device_model, options);
+    EXPECT_TRUE(fused.silu_fused_into_down());
+    EXPECT_FALSE(separate.silu_fused_into_down());
+    std::vector<std::vector<uint16_t>> out[2];
+    CudaEngine* engines[2] = {&fused, &separate};
+    for (int k = 0; k < 2; ++k) {
+      CudaEngine& e = *engines[k];
+      const int seq = e.add_sequence();
+      std::vector<int32_t> tokens = {3, 14, 15, 92, 65};
+      for (int step = 0; step < 5; ++step) {
+        const int64_t n = static_cast<int64_t>(tokens.size());
+        const std::vector<StepRow> rows = {{seq, e.extend(seq, n), n}};
+        e.step(rows, tokens, false);
+        LOWBIT_CUDA_CHECK(cudaStreamSynchronize(e.stream()));
+        std::vector<uint16_t> bits(static_cast<size_t>(model.config.vocab));
+        Buffer::copy(bits.data(), Device::cpu, e.logits().data, Device::cuda, bits.size() * 2);
+        out[k].push_back(bits);
+        tokens = {static_cast<int32_t>(20 + 7 * step)};
+      }
+    }
+    for (size_t step = 0; step < out[0].size(); ++step)
+      EXPECT_EQ(out[0][step], out[1][step]) << architecture_name(arch) << " step " << step;
+  }
+}
+
 // Decode steps replayed from a CUDA graph give the bits of eager steps: two
 // engines on one model, graphs on and off, fed the same tokens. The plan
 // length is 16 tokens, so the rows cross several plan lengths (a new capture

@@ -15,6 +15,7 @@
 #include "lowbit/core/half.h"
 #include "lowbit/cuda/check.h"
 #include "lowbit/formats/dequant_ref.h"
+#include "lowbit/ops/layer_ops_cuda.h"
 #include "lowbit/w4a16/w4a16_gemm.h"
 #include "lowbit/w4a16/w4a16_gemm_ref.h"
 #include "random_layers.h"
@@ -306,6 +307,88 @@ TEST(W4A16Gemm, GemvChainedCallsOnOneStream) {
     }
   }
   LOWBIT_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+// W4A16Options::x_silu_mul: the gemv kernel reading x = silu(gate) * up
+// from a [M, 2K] gate | up buffer gives the bits of ops::silu_mul followed by
+// the plain gemv (the engine's two launches it replaces), for both dtypes,
+// group sizes 32 and 128, several row counts and K splits, and a K that is not
+// a multiple of 64; the options it does not support are refused.
+TEST(W4A16Gemm, GemvSiluMulEqualsSiluKernelThenGemv) {
+  LOWBIT_REQUIRE_GPU();
+  W4A16Workspace ws;
+  struct Case { int64_t K, N; int group; DType dtype; };
+  uint64_t seed = 900;
+  for (const Case c : {Case{512, 200, 128, DType::f16}, Case{576, 136, 32, DType::bf16}, Case{1000, 72, -1, DType::f16}}) {
+    const auto layer = test::random_layer(c.K, c.N, c.group, ZeroKind::asym, seed++);
+    const W4A16Weights w = W4A16Weights::prepare(layer, c.dtype);
+    for (int64_t M : {1, 3, 9}) {
+      std::mt19937_64 rng(seed++);
+      std::normal_distribution<float> normal(0.0f, 2.0f);
+      std::vector<uint16_t> gate_up(static_cast<size_t>(M * 2 * c.K));
+      for (auto& v : gate_up) v = to_bits(normal(rng), c.dtype);
+      Buffer gu(gate_up.size() * 2, Device::cuda), act(static_cast<size_t>(M * c.K) * 2, Device::cuda),
+          y(static_cast<size_t>(M * c.N) * 2, Device::cuda);
+      Buffer::copy(gu.data(), Device::cuda, gate_up.data(), Device::cpu, gu.size());
+      auto half_view = [&](int64_t offset) {
+        TensorView v = TensorView::contiguous(static_cast<std::byte*>(gu.data()) + offset * 2, c.dtype, {M, c.K},
+                                              Device::cuda);
+        v.strides[0] = 2 * c.K;
+        return v;
+      };
+      const TensorView act_view = TensorView::contiguous(act.data(), c.dtype, {M, c.K}, Device::cuda);
+      ops::silu_mul(half_view(0), half_view(c.K), act_view);
+      const TensorView y_view = TensorView::contiguous(y.data(), c.dtype, {M, c.N}, Device::cuda);
+      for (int split : {0, 5}) {
+        SCOPED_TRACE(testing::Message() << "K=" << c.K << " N=" << c.N << " g=" << c.group << " "
+                                        << dtype_name(c.dtype) << " M=" << M << " split " << split);
+        W4A16Options o{W4A16Strategy::gemv, split};
+        LOWBIT_CUDA_CHECK(cudaMemset(y.data(), 0xFF, y.size()));
+        w4a16_gemm(act_view, w, y_view, ws, o);
+        LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+        std::vector<uint16_t> two_launches(static_cast<size_t>(M * c.N)), fused(two_launches.size());
+        Buffer::copy(two_launches.data(), Device::cpu, y.data(), Device::cuda, y.size());
+        o.x_silu_mul = true;
+        LOWBIT_CUDA_CHECK(cudaMemset(y.data(), 0xFF, y.size()));
+        w4a16_gemm(TensorView::contiguous(gu.data(), c.dtype, {M, 2 * c.K}, Device::cuda), w, y_view, ws, o);
+        LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+        Buffer::copy(fused.data(), Device::cpu, y.data(), Device::cuda, y.size());
+        EXPECT_EQ(fused, two_launches);
+        // And the reference on the product the silu kernel stored.
+        Problem p{M, layer, c.dtype, {}, {}, {}};
+        p.x.resize(static_cast<size_t>(M * c.K));
+        Buffer::copy(p.x.data(), Device::cpu, act.data(), Device::cuda, act.size());
+        EXPECT_TRUE(matches_reference(make_problem_from(std::move(p)), fused));
+      }
+    }
+  }
+  // Refused: another strategy, x of K columns, act-order weights.
+  const auto layer = test::random_layer(256, 64, 64, ZeroKind::sym, 3);
+  const W4A16Weights w = W4A16Weights::prepare(layer, DType::f16);
+  Buffer x(2 * 512 * 2, Device::cuda), y(2 * 64 * 2, Device::cuda);
+  const auto yv = TensorView::contiguous(y.data(), DType::f16, {2, 64}, Device::cuda);
+  const auto xv = TensorView::contiguous(x.data(), DType::f16, {2, 512}, Device::cuda);
+  W4A16Options automatic;
+  automatic.x_silu_mul = true;
+  EXPECT_TRUE(test::throws_error([&] { w4a16_gemm(xv, w, yv, ws, automatic); }, ErrorKind::unsupported,
+                                 {"x_silu_mul", "gemv", "auto"}));
+  W4A16Options gemv{W4A16Strategy::gemv, 0};
+  gemv.x_silu_mul = true;
+  EXPECT_TRUE(test::throws_error(
+      [&] { w4a16_gemm(TensorView::contiguous(x.data(), DType::f16, {2, 256}, Device::cuda), w, yv, ws, gemv); },
+      ErrorKind::invalid_argument, {"'x'", "[2, 256]", "512"}));
+  const W4A16Weights act_order =
+      W4A16Weights::prepare(test::random_layer(256, 64, 64, ZeroKind::sym, 4, /*act_order=*/true), DType::f16);
+  EXPECT_TRUE(test::throws_error([&] { w4a16_gemm(xv, act_order, yv, ws, gemv); }, ErrorKind::unsupported,
+                                 {"x_silu_mul", "act-order"}));
+  const W4A16Weights k_1004 = W4A16Weights::prepare(test::random_layer(1004, 64, -1, ZeroKind::sym, 5), DType::f16);
+  Buffer x1(2008 * 2, Device::cuda);
+  EXPECT_TRUE(test::throws_error(
+      [&] {
+        w4a16_gemm(TensorView::contiguous(x1.data(), DType::f16, {1, 2008}, Device::cuda), k_1004,
+                   TensorView::contiguous(y.data(), DType::f16, {1, 64}, Device::cuda), ws, gemv);
+      },
+      ErrorKind::unsupported, {"x_silu_mul", "multiple of 8", "1004"}));
 }
 
 TEST(W4A16Gemm, WgmmaRunsOnComputeCapability9) {

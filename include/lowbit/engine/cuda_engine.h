@@ -109,6 +109,15 @@ struct CudaEngineOptions {
   // Eager and replayed steps give the same bits.
   bool decode_graphs = true;
   int64_t decode_plan_tokens = 256;
+  // The W4A16 options of single-row GEMMs when tune_decode_gemms is off
+  // (default: auto's plan; tests force the gemv strategy with them).
+  W4A16Options decode_gemm;
+  // When a single-row down projection runs the gemv strategy, it reads
+  // silu(gate) * up straight from the gate/up GEMM's output
+  // (W4A16Options::x_silu_mul) instead of a separate SiLU kernel's: one
+  // launch fewer per layer (~3.6 us of a Qwen3-14B layer's 124 in a graph
+  // replay), the same bits.
+  bool fuse_silu_into_down = true;
 };
 
 // One row of a step: `n` new tokens of sequence `seq` at positions
@@ -166,6 +175,11 @@ class CudaEngine {
   // <strategy> split <s>" (or "K x N: auto (not tuned: <why>)"); empty when
   // nothing was tuned.
   const std::vector<std::string>& decode_gemm_choices() const { return decode_gemm_choices_; }
+  // Whether single-row steps read the SiLU inside the down projection
+  // (CudaEngineOptions::fuse_silu_into_down and a gemv plan for it).
+  bool silu_fused_into_down() const {
+    return !model_.layers.empty() && down_fuses_silu(model_.layers.front().down, 1);
+  }
   const kv::DeviceKvCache& cache() const { return *cache_; }
   cudaStream_t stream() const { return stream_; }
   int64_t kv_bytes_per_token() const;  // all layers, K and V
@@ -211,7 +225,11 @@ class CudaEngine {
   void ensure_capacity(int64_t tokens, int64_t logit_rows);
   void launch_decode_graph();
   void drop_decode_graph();
-  void linear(const DeviceLinear& w, const void* x, int64_t M, void* y);
+  // y = x W^T. x_silu_mul: x is the [M, 2K] gate | up buffer, read through
+  // the SiLU (only where down_fuses_silu said so).
+  void linear(const DeviceLinear& w, const void* x, int64_t M, void* y, bool x_silu_mul = false);
+  W4A16Options single_row_options(const DeviceLinear& w) const;
+  bool down_fuses_silu(const DeviceLinear& down, int64_t M) const;
   void attention_layer(int layer, std::span<const StepRow> rows, const kv::DeviceBlockTables& tables,
                        int64_t M);
 

@@ -135,6 +135,14 @@ struct W4A16Options {
   // wgmma only: rows of M per CTA tile, 16, 32, 64, 128 or 256; 0: chosen
   // from M, N and the SM count. For tests and tuning sweeps.
   int rows_per_tile = 0;
+  // x is [M, 2K]: a gate half then an up half, and the GEMM multiplies
+  // silu(gate) * up, each rounded to the activation dtype (the values
+  // ops::silu_mul stores), by the weights: a decode step's SiLU fused into
+  // its down projection, one launch fewer per layer. Only the gemv strategy
+  // reads x this way (options.strategy must name it); any other strategy,
+  // act-order weights and K not a multiple of 8 are refused with
+  // Error(unsupported).
+  bool x_silu_mul = false;
 };
 
 // What a call runs: the strategy, the K split and the rows per pass.
