@@ -426,7 +426,7 @@ W4A16Options CudaEngine::single_row_options(const DeviceLinear& w) const {
 }
 
 bool CudaEngine::down_fuses_silu(const DeviceLinear& down, int64_t M) const {
-  return options_.fuse_silu_into_down && M == 1 && down.w4 && down.K % 8 == 0 && !down.w4->act_order() &&
+  return options_.fuse_silu_into_down && M == 1 && down.w4 && !down.w4->act_order() &&
          single_row_options(down).strategy == W4A16Strategy::gemv;
 }
 

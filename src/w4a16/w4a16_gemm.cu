@@ -690,9 +690,6 @@ void w4a16_gemm(const TensorView& x, const W4A16Weights& w, const TensorView& y,
          w4a16_strategy_name(options.strategy), "'");
   if (options.x_silu_mul && w.act_order())
     fail(ErrorKind::unsupported, "W4A16Options::x_silu_mul does not take act-order weights");
-  if (options.x_silu_mul && w.K() % 8 != 0)
-    fail(ErrorKind::unsupported, "W4A16Options::x_silu_mul needs K a multiple of 8 (the up half's rows start at ",
-         "16-byte boundaries), got K = ", w.K());
   if (x.shape[0] != y.shape[0])
     fail(ErrorKind::invalid_argument, "x is ", x.shape_string(), " and y is ", y.shape_string(),
          ": expected the same number of rows M");

@@ -139,9 +139,9 @@ struct W4A16Options {
   // silu(gate) * up, each rounded to the activation dtype (the values
   // ops::silu_mul stores), by the weights: a decode step's SiLU fused into
   // its down projection, one launch fewer per layer. Only the gemv strategy
-  // reads x this way (options.strategy must name it); any other strategy,
-  // act-order weights and K not a multiple of 8 are refused with
-  // Error(unsupported).
+  // reads x this way (options.strategy must name it); any other strategy
+  // and act-order weights are refused with Error(unsupported). (K is a
+  // multiple of 8, so the up half's rows start at 16-byte boundaries.)
   bool x_silu_mul = false;
 };
 
