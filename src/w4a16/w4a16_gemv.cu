@@ -201,12 +201,15 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
             const T* g8 = reinterpret_cast<const T*>(&gv);
             const T* u8 = reinterpret_cast<const T*>(&uv);
 #pragma unroll
-            for (int i = 0; i < 8; ++i) e[i] = from_float<T>(ops::silu_times(scalar_to_float(g8[i]), scalar_to_float(u8[i])));
+            for (int i = 0; i < 8; ++i)
+              e[i] = from_float<T>(ops::silu_times(scalar_to_float(g8[i]), scalar_to_float(u8[i])));
           } else {
 #pragma unroll
-            for (int i = 0; i < 8; ++i)
-              e[i] = k + i < args.K ? from_float<T>(ops::silu_times(scalar_to_float(src[i]), scalar_to_float(src[i + args.x_up_offset])))
-                                    : from_float<T>(0.0f);
+            for (int i = 0; i < 8; ++i) {
+              const float g = k + i < args.K ? scalar_to_float(src[i]) : 0.0f;
+              const float u = k + i < args.K ? scalar_to_float(src[i + args.x_up_offset]) : 0.0f;
+              e[i] = k + i < args.K ? from_float<T>(ops::silu_times(g, u)) : from_float<T>(0.0f);
+            }
           }
           v = *reinterpret_cast<const uint4*>(e);
         } else if (k + 8 <= args.K) {

@@ -320,7 +320,8 @@ TEST(W4A16Gemm, GemvSiluMulEqualsSiluKernelThenGemv) {
   W4A16Workspace ws;
   struct Case { int64_t K, N; int group; DType dtype; };
   uint64_t seed = 900;
-  for (const Case c : {Case{512, 200, 128, DType::f16}, Case{576, 136, 32, DType::bf16}, Case{1000, 72, -1, DType::f16}}) {
+  for (const Case c :
+       {Case{512, 200, 128, DType::f16}, Case{576, 136, 32, DType::bf16}, Case{1000, 72, -1, DType::f16}}) {
     const auto layer = test::random_layer(c.K, c.N, c.group, ZeroKind::asym, seed++);
     const W4A16Weights w = W4A16Weights::prepare(layer, c.dtype);
     for (int64_t M : {1, 3, 9}) {
