@@ -407,6 +407,78 @@ TEST(KvDevice, WriteThenDecodeEndToEnd) {
   EXPECT_TRUE(close_to_reference(from_device(out, q.size()), ref));
 }
 
+// The queries rotated by the append kernel (AppendQueryRotation, then
+// DeviceDecodeOptions::queries_prerotated) give the bits of the separate
+// rotation kernel: two device caches with the same tokens, each appending
+// every row's newest token again, one rotating the queries on the way; the
+// attention outputs must be equal bit for bit (and close to the reference).
+// The append says when it cannot: more than 64 vectors, fp16 K, Hadamard.
+TEST(KvDevice, QueriesRotatedByTheAppendGiveTheSameBits) {
+  LOWBIT_REQUIRE_GPU();
+  struct Case { KvFormat kf, vf; int d, q_heads, kv_heads; std::vector<int64_t> lens; };
+  for (const Case& cs : {Case{KvFormat::tq4, KvFormat::tq4, 128, 40, 8, {17, 300, 1, 129}},
+                         Case{KvFormat::tq3, KvFormat::fp16, 128, 40, 8, {64, 65}},
+                         Case{KvFormat::tq4, KvFormat::tq2, 64, 9, 3, {1000}},
+                         Case{KvFormat::tq4, KvFormat::tq4, 64, 9, 3, {5, 16, 33, 700}}}) {
+    SCOPED_TRACE(name(cs.kf, cs.vf) + " d=" + std::to_string(cs.d) + " rows " + std::to_string(cs.lens.size()));
+    const KvCacheConfig c = make_config(cs.kf, cs.vf, 16, pages_for(cs.lens, 16), cs.kv_heads, ScaleDType::f16,
+                                        RotationKind::haar, cs.d);
+    HostBatch hb(c, cs.lens, DataKind::outliers, 13);
+    const int rows = static_cast<int>(cs.lens.size());
+    const int64_t vec = int64_t{cs.kv_heads} * cs.d;
+    std::vector<float> k_new(static_cast<size_t>(rows * vec)), v_new(k_new.size());
+    for (int b = 0; b < rows; ++b) {
+      const size_t from = static_cast<size_t>((cs.lens[static_cast<size_t>(b)] - 1) * vec);
+      std::copy_n(hb.k[static_cast<size_t>(b)].begin() + static_cast<std::ptrdiff_t>(from), vec,
+                  k_new.begin() + b * vec);
+      std::copy_n(hb.v[static_cast<size_t>(b)].begin() + static_cast<std::ptrdiff_t>(from), vec,
+                  v_new.begin() + b * vec);
+    }
+    const Buffer kd = to_device(k_new), vd = to_device(v_new);
+    const std::vector<float> q = kvtest::random_rows(rows, cs.q_heads, cs.d, 21, DataKind::gaussian, false);
+    std::vector<float> ref(q.size());
+    paged_decode_attention_ref(hb.cache, kTestLayer, hb.seqs, cs.q_heads, q, ref);
+    const DeviceBlockTables tables = DeviceBlockTables::from_cache(hb.cache, hb.seqs);
+    std::vector<float> out[2];
+    for (int fused = 0; fused < 2; ++fused) {
+      DeviceKvCache dev(c);
+      dev.upload(hb.cache);
+      Buffer qd = to_device(q);
+      const AppendQueryRotation rotation{qd.as<float>(), cs.q_heads, 0.0f};
+      const bool rotated =
+          device_append_tokens(dev, kTestLayer, tables, kd.as<float>(), vd.as<float>(), fused ? &rotation : nullptr);
+      EXPECT_EQ(rotated, fused == 1);
+      AttentionWorkspace ws;
+      DeviceDecodeOptions o;
+      o.queries_prerotated = rotated;
+      Buffer o_buf = poisoned_output(q.size());
+      device_decode_attention(dev, kTestLayer, tables, cs.q_heads, qd.as<float>(), o_buf.as<float>(), ws, o);
+      LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+      out[fused] = from_device(o_buf, q.size());
+    }
+    EXPECT_TRUE(close_to_reference(out[1], ref));
+    EXPECT_EQ(std::memcmp(out[0].data(), out[1].data(), out[0].size() * 4), 0) << "prerotated queries differ";
+  }
+  // Where it cannot: 5 rows of 8 KV heads (80 vectors), fp16 K, a Hadamard rotation.
+  struct Refusal { KvFormat kf; RotationKind rot; int rows; };
+  for (const Refusal& r : {Refusal{KvFormat::tq4, RotationKind::haar, 5}, Refusal{KvFormat::fp16, RotationKind::haar, 1},
+                           Refusal{KvFormat::tq4, RotationKind::hadamard, 1}}) {
+    const std::vector<int64_t> lens(static_cast<size_t>(r.rows), 20);
+    const KvCacheConfig c = make_config(r.kf, KvFormat::tq4, 16, pages_for(lens, 16), 8, ScaleDType::f16, r.rot);
+    HostBatch hb(c, lens, DataKind::gaussian, 3);
+    DeviceKvCache dev(c);
+    dev.upload(hb.cache);
+    const DeviceBlockTables tables = DeviceBlockTables::from_cache(hb.cache, hb.seqs);
+    const std::vector<float> kv(static_cast<size_t>(r.rows * 8 * 128), 0.25f);
+    const std::vector<float> q = kvtest::random_rows(r.rows, 40, 128, 2, DataKind::gaussian, false);
+    const Buffer kd = to_device(kv), qd = to_device(q);
+    const AppendQueryRotation rotation{qd.as<float>(), 40, 0.0f};
+    EXPECT_FALSE(device_append_tokens(dev, kTestLayer, tables, kd.as<float>(), kd.as<float>(), &rotation));
+    LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(from_device(qd, q.size()), q) << "q changed although the append did not rotate it";
+  }
+}
+
 void check_prefill(KvFormat kf, KvFormat vf, int64_t len, int64_t first_pos, int64_t split_tokens,
                    int head_dim = 128) {
   SCOPED_TRACE(name(kf, vf) + " len " + std::to_string(len) + " first_pos " + std::to_string(first_pos) +
