@@ -450,10 +450,7 @@ void CudaEngine::attention_layer(int layer, std::span<const StepRow> rows,
   // The attention output goes straight to fp16 (the o projection's input).
   kv::DeviceDecodeOptions options;
   if (decode) {
-    const kv::AppendQueryRotation rotation{q32_.as<float>(), hq, 0.0f};
-    options.queries_prerotated =
-        kv::device_append_tokens(*cache_, layer, tables, k32_.as<float>(), v32_.as<float>(),
-                                 options_.rotate_queries_in_append ? &rotation : nullptr, stream_);
+    kv::device_append_tokens(*cache_, layer, tables, k32_.as<float>(), v32_.as<float>(), stream_);
     mark("KV append");
     options.out_f16 = attn_.data();
     options.plan_length = plan_length_;

@@ -90,7 +90,6 @@ struct AttnArgs {
   int64_t first_pos;
   const float* q;  // [rows][num_q_heads][d]: rotated and scaled when queries_rotated, else as given
   bool queries_rotated;  // the rotation kernel ran just before (quantized K)
-  bool prerotated;       // q was rotated by the append kernel just before (DeviceDecodeOptions::queries_prerotated)
   float q_scale;         // applied to q here: 1, or softmax_scale * log2(e) when not rotated
   int64_t split_tokens;
   int max_splits;
@@ -497,24 +496,6 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32, Til
     if (quantized(KF)) fill_lut<kRowWords>(lut_fill, KF, a.k_centroids);
     if (quantized(VF) && VF != KF) fill_lut<kRowWords>(lut_fill + lut_entries(KF) * kRowWords, VF, a.v_centroids);
     cuda::pdl_wait();  // the rotated queries
-  } else if (a.prerotated) {
-    // The kernel before this one appended each row's newest token (and
-    // rotated the queries): the tiles before that token's go out now, the
-    // rest after the wait.
-    const int safe_tiles = static_cast<int>((len - 1) / kTile);
-    int early = 0;
-    while (early < S - 1 && early < n_my && first + kWarps * early < safe_tiles) {
-      issue();
-      cp_async_commit();
-      ++early;
-    }
-    if (quantized(KF)) fill_lut<kRowWords>(lut_fill, KF, a.k_centroids);
-    if (quantized(VF) && VF != KF) fill_lut<kRowWords>(lut_fill + lut_entries(KF) * kRowWords, VF, a.v_centroids);
-    cuda::pdl_wait();
-    for (int i = early; i < S - 1; ++i) {
-      if (i < n_my) issue();
-      cp_async_commit();
-    }
   } else {
     // fp16 K: no rotation kernel, the queries are scaled here, and the
     // previous kernel may be the one appending the token this call attends
@@ -968,11 +949,8 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
   // attention CTA instead, 64 KB of M read per CTA, measured 3-4 us slower
   // for tq4 K/V at batch 1 and 8). fp16 K: the attention kernel scales q
   // itself, one launch fewer (2-3 us at batch 1).
-  LOWBIT_CHECK_ARG(!options.queries_prerotated || (k_rot && prefill_row < 0), "queries_prerotated", "true",
-                   "decode calls with quantized K only");
-  const bool rotate_here = k_rot && !options.queries_prerotated;
-  float* q_rot = rotate_here ? ws.q_rotated(q_floats) : nullptr;
-  if (rotate_here) {
+  float* q_rot = k_rot ? ws.q_rotated(q_floats) : nullptr;
+  if (k_rot) {
     if (d == 64)
       cuda::launch_with_pdl(rotate_queries_kernel<64>, dim3(rows, H), dim3(kRotThreads<64>), 0, stream, q,
                             cache.rotation(layer), q_rot, num_q_heads, group, scale * kLog2e);
@@ -993,9 +971,8 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
   a.lengths = tables.lengths.as<const int32_t>();
   a.prefill_row = prefill_row;
   a.first_pos = first_pos;
-  a.q = rotate_here ? q_rot : q;
-  a.queries_rotated = rotate_here;
-  a.prerotated = options.queries_prerotated;
+  a.q = k_rot ? q_rot : q;
+  a.queries_rotated = k_rot;
   a.q_scale = k_rot ? 1.0f : scale * kLog2e;
   a.split_tokens = split;
   a.max_splits = max_splits;

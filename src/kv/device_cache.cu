@@ -233,46 +233,7 @@ struct WriteArgs {
   const float* signs;  // hadamard signs or nullptr (then haar)
   bool renormalize, scale_f32;
   PartFormat part[2];  // key, value
-  // Decode with one vector per CTA and a Haar rotation only: the queries
-  // [rows][num_q_heads][d], replaced by q @ M * q_scale (the rotation
-  // kernel of device_attention.cu, its arithmetic), the K CTA of a KV head
-  // taking the first half of its query heads and the V CTA the rest; null: none.
-  float* q;
-  int num_q_heads, q_group;
-  float q_scale;
 };
-
-// q[head][j] = ((p0 + p1) + (p2 + p3)) * scale, p the four chains of D/4
-// fmaf terms of q @ M in order (rotate_queries_kernel's small_matmul), for
-// the query heads [g0, g1) of KV head h of row `row`, in place: they go to
-// shared memory first. m_s: M [d][d]; qs: room for 8 x d floats.
-template <int D>
-__device__ void rotate_queries_in_place(const WriteArgs& a, int64_t row, int h, int g0, int g1, const float* m_s,
-                                        float* qs) {
-  const int j = threadIdx.x;
-  float* q = a.q + (row * a.num_q_heads + static_cast<int64_t>(h) * a.q_group) * D;
-  for (int g = g0; g < g1; ++g) qs[(g - g0) * D + j] = q[g * D + j];
-  __syncthreads();
-  float part[4][kDeviceMaxGroup];
-#pragma unroll
-  for (int p = 0; p < 4; ++p) {
-    float acc[kDeviceMaxGroup];
-#pragma unroll
-    for (int g = 0; g < kDeviceMaxGroup; ++g) acc[g] = 0.0f;
-    for (int i = (D / 4) * p; i < (D / 4) * (p + 1); ++i) {
-      const float m = m_s[i * D + j];
-#pragma unroll
-      for (int g = 0; g < kDeviceMaxGroup; ++g)
-        if (g < g1 - g0) acc[g] = fmaf(qs[g * D + i], m, acc[g]);
-    }
-#pragma unroll
-    for (int g = 0; g < kDeviceMaxGroup; ++g) part[p][g] = acc[g];
-  }
-#pragma unroll
-  for (int g = 0; g < kDeviceMaxGroup; ++g)
-    if (g < g1 - g0) q[(g0 + g) * D + j] = ((part[0][g] + part[1][g]) + (part[2][g] + part[3][g])) * a.q_scale;
-  __syncthreads();  // qs is free again
-}
 
 // The kernel runs one thread per coordinate: D threads.
 template <int D>
@@ -328,16 +289,6 @@ __global__ void __launch_bounds__(D) write_kernel(WriteArgs a) {
   const int64_t items = a.n_tokens * H * 2;
   const int64_t batches = (items + kVectors - 1) / kVectors;
   const float hadamard_norm = static_cast<float>(1.0 / sqrt(static_cast<double>(kD)));
-  if constexpr (kVectors == 1) {
-    if (a.q != nullptr) {  // launch_write allows it with a Haar M only (m_s loaded above)
-      float* qs = reinterpret_cast<float*>(smem_f4) + kD * kD + kD + kD / 4;  // after m_s, x_s and idx_s
-      for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-        const int h = static_cast<int>((item / 2) % H), half = (a.q_group + 1) / 2;
-        const bool key = item % 2 == 0;
-        rotate_queries_in_place<D>(a, item / (2 * H), h, key ? 0 : half, key ? half : a.q_group, m_s, qs);
-      }
-    }
-  }
 
   for (int64_t batch = blockIdx.x; batch < batches; batch += gridDim.x) {
     float y[kVectors];
@@ -477,8 +428,7 @@ PartFormat part_format(const DeviceKvCache& cache, KvPart part) {
 }
 
 void launch_write(const DeviceKvCache& cache, int layer, const DeviceBlockTables& tables, int row, int64_t first_pos,
-                  int64_t n_tokens, const float* k, const float* v, cudaStream_t stream,
-                  const AppendQueryRotation* rotation = nullptr) {
+                  int64_t n_tokens, const float* k, const float* v, cudaStream_t stream) {
   LOWBIT_CHECK_ARG(k != nullptr && v != nullptr, "k/v", "null", "device pointers to the K and V values");
   const KvCacheConfig& c = cache.config();
   WriteArgs a{};
@@ -506,10 +456,7 @@ void launch_write(const DeviceKvCache& cache, int layer, const DeviceBlockTables
   const int64_t vectors = n_tokens * c.num_kv_heads * 2;
   const size_t d = static_cast<size_t>(c.head_dim);
   auto launch = [&](auto kernel, int per_cta) {
-    // M, the vectors, their indices; the one-vector kernel also room for
-    // the queries it may rotate (8 x d floats, 16-byte aligned).
-    const size_t smem = sizeof(float) * (d * d + static_cast<size_t>(per_cta) * d) + per_cta * d +
-                        (per_cta == 1 ? sizeof(float) * kDeviceMaxGroup * d : 0);
+    const size_t smem = sizeof(float) * (d * d + static_cast<size_t>(per_cta) * d) + per_cta * d;
     // Per instantiation (the attribute is per device function): [d == 64][per_cta == 1].
     static bool configured[2][2] = {};
     bool& done = configured[d == 64][per_cta == 1];
@@ -527,15 +474,6 @@ void launch_write(const DeviceKvCache& cache, int layer, const DeviceBlockTables
   // Up to one vector per CTA while that stays within 64 CTAs (4 MB of
   // rotation loads from L2 at d = 128): a batch-4 decode step of 8 KV heads.
   const bool one = vectors <= 64;
-  if (rotation != nullptr && one && a.signs == nullptr && a.part[0].bits != 16) {
-    a.q = rotation->q;
-    a.num_q_heads = rotation->num_q_heads;
-    a.q_group = rotation->num_q_heads / c.num_kv_heads;
-    // As run_attention: the softmax runs on exp2, so the scale carries log2(e).
-    const float scale = rotation->softmax_scale > 0.0f ? rotation->softmax_scale
-                                                       : 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-    a.q_scale = scale * 1.4426950408889634f;
-  }
   if (d == 64) {
     if (one) launch(write_kernel<1, 64>, 1);
     else launch(write_kernel<kWriteVectors, 64>, kWriteVectors);
@@ -549,29 +487,10 @@ void launch_write(const DeviceKvCache& cache, int layer, const DeviceBlockTables
 
 void device_append_tokens(const DeviceKvCache& cache, int layer, const DeviceBlockTables& tables, const float* k,
                           const float* v, cudaStream_t stream) {
-  (void)device_append_tokens(cache, layer, tables, k, v, nullptr, stream);
-}
-
-bool device_append_tokens(const DeviceKvCache& cache, int layer, const DeviceBlockTables& tables, const float* k,
-                          const float* v, const AppendQueryRotation* rotation, cudaStream_t stream) {
   for (int r = 0; r < tables.rows; ++r)
     LOWBIT_CHECK_ARG(tables.host_lengths[static_cast<size_t>(r)] >= 1, "tables.lengths[" + std::to_string(r) + "]",
                      tables.host_lengths[static_cast<size_t>(r)], "at least 1 (extend the sequence first)");
-  const KvCacheConfig& c = cache.config();
-  if (rotation != nullptr) {
-    LOWBIT_CHECK_ARG(rotation->q != nullptr, "rotation.q", "null", "a device pointer to the queries");
-    LOWBIT_CHECK_ARG(rotation->num_q_heads >= c.num_kv_heads && rotation->num_q_heads % c.num_kv_heads == 0 &&
-                         rotation->num_q_heads / c.num_kv_heads <= kDeviceMaxGroup,
-                     "rotation.num_q_heads", rotation->num_q_heads,
-                     "a multiple of num_kv_heads = " + std::to_string(c.num_kv_heads) +
-                         " with at most 8 query heads per KV head");
-    LOWBIT_CHECK_ARG(rotation->softmax_scale >= 0.0f, "rotation.softmax_scale", rotation->softmax_scale,
-                     "0 (1 / sqrt(head_dim)) or positive");
-  }
-  const bool rotates = rotation != nullptr && tables.rows * int64_t{c.num_kv_heads} * 2 <= 64 &&
-                       cache.hadamard_signs(layer) == nullptr && is_quantized(c.k_format);
-  launch_write(cache, layer, tables, -1, 0, tables.rows, k, v, stream, rotates ? rotation : nullptr);
-  return rotates;
+  launch_write(cache, layer, tables, -1, 0, tables.rows, k, v, stream);
 }
 
 void device_write_tokens(const DeviceKvCache& cache, int layer, const DeviceBlockTables& tables, int row,

@@ -224,24 +224,6 @@ TEST(CudaEngine, TunedDecodeGemmsListTheirChoiceAndAgree) {
     EXPECT_LE(max_rel_error(out[1][step], out[0][step]), test::kCudaEngineBatchRelError) << "step " << step;
 }
 
-// The f16 logit bits of a 5-token prompt and 4 decode steps (tokens fixed).
-std::vector<std::vector<uint16_t>> prompt_and_decode_bits(CudaEngine& e, int64_t vocab) {
-  std::vector<std::vector<uint16_t>> out;
-  const int seq = e.add_sequence();
-  std::vector<int32_t> tokens = {3, 14, 15, 92, 65};
-  for (int step = 0; step < 5; ++step) {
-    const int64_t n = static_cast<int64_t>(tokens.size());
-    const std::vector<StepRow> rows = {{seq, e.extend(seq, n), n}};
-    e.step(rows, tokens, false);
-    LOWBIT_CUDA_CHECK(cudaStreamSynchronize(e.stream()));
-    std::vector<uint16_t> bits(static_cast<size_t>(vocab));
-    Buffer::copy(bits.data(), Device::cpu, e.logits().data, Device::cuda, bits.size() * 2);
-    out.push_back(bits);
-    tokens = {static_cast<int32_t>(20 + 7 * step)};
-  }
-  return out;
-}
-
 // Single-row steps whose down projection runs the gemv strategy read the
 // SiLU inside it (fuse_silu_into_down): the logits are the bits of the same
 // engine with the SiLU kernel separate, at every decode step; a prefill (5
@@ -259,31 +241,26 @@ TEST(CudaEngine, SiluFusedIntoTheDownProjectionGivesTheSameBits) {
     CudaEngine separate(device_model, options);
     EXPECT_TRUE(fused.silu_fused_into_down());
     EXPECT_FALSE(separate.silu_fused_into_down());
-    EXPECT_EQ(prompt_and_decode_bits(fused, model.config.vocab), prompt_and_decode_bits(separate, model.config.vocab))
-        << architecture_name(arch);
-  }
-}
-
-// Decode steps whose KV append also rotates the queries
-// (rotate_queries_in_append; tq4 and tq3 K) give the bits of the separate
-// rotation kernel, head_dim 128 and 64.
-TEST(CudaEngine, QueriesRotatedInTheAppendGiveTheSameBits) {
-  LOWBIT_REQUIRE_GPU();
-  for (int64_t head_dim : {128, 64})
-    for (kv::KvFormat k : {kv::KvFormat::tq4, kv::KvFormat::tq3}) {
-      const Model model = make_random_model(tiny_config(Architecture::qwen3, head_dim), 23, WeightMode::w4, 0.08f);
-      const DeviceModel device_model = DeviceModel::upload(model, false);
-      CudaEngineOptions options;
-      options.max_tokens = 32;
-      options.k_format = k;
-      options.v_format = kv::KvFormat::tq4;
-      CudaEngine in_append(device_model, options);
-      options.rotate_queries_in_append = false;
-      CudaEngine separate(device_model, options);
-      EXPECT_EQ(prompt_and_decode_bits(in_append, model.config.vocab),
-                prompt_and_decode_bits(separate, model.config.vocab))
-          << "head_dim " << head_dim << " K " << kv::kv_format_name(k);
+    std::vector<std::vector<uint16_t>> out[2];
+    CudaEngine* engines[2] = {&fused, &separate};
+    for (int k = 0; k < 2; ++k) {
+      CudaEngine& e = *engines[k];
+      const int seq = e.add_sequence();
+      std::vector<int32_t> tokens = {3, 14, 15, 92, 65};
+      for (int step = 0; step < 5; ++step) {
+        const int64_t n = static_cast<int64_t>(tokens.size());
+        const std::vector<StepRow> rows = {{seq, e.extend(seq, n), n}};
+        e.step(rows, tokens, false);
+        LOWBIT_CUDA_CHECK(cudaStreamSynchronize(e.stream()));
+        std::vector<uint16_t> bits(static_cast<size_t>(model.config.vocab));
+        Buffer::copy(bits.data(), Device::cpu, e.logits().data, Device::cuda, bits.size() * 2);
+        out[k].push_back(bits);
+        tokens = {static_cast<int32_t>(20 + 7 * step)};
+      }
     }
+    for (size_t step = 0; step < out[0].size(); ++step)
+      EXPECT_EQ(out[0][step], out[1][step]) << architecture_name(arch) << " step " << step;
+  }
 }
 
 // Decode steps replayed from a CUDA graph give the bits of eager steps: two

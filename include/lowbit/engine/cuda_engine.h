@@ -118,11 +118,6 @@ struct CudaEngineOptions {
   // launch fewer per layer (~3.6 us of a Qwen3-14B layer's 124 in a graph
   // replay), the same bits.
   bool fuse_silu_into_down = true;
-  // Decode steps of up to 4 rows (8 KV heads) with quantized K: the KV
-  // append kernel, which holds the layer's rotation, also rotates the
-  // queries (kv::AppendQueryRotation), and the attention runs without its
-  // rotation kernel: one launch fewer per layer, the same bits.
-  bool rotate_queries_in_append = true;
 };
 
 // One row of a step: `n` new tokens of sequence `seq` at positions

@@ -108,25 +108,6 @@ struct DeviceBlockTables {
 // extended the sequence first, as with PagedKvCache::write_token).
 void device_append_tokens(const DeviceKvCache& cache, int layer, const DeviceBlockTables& tables,
                           const float* k, const float* v, cudaStream_t stream = nullptr);
-
-// The decode step's queries, rotated by the append kernel that holds the
-// layer's rotation already: q [rows][num_q_heads][head_dim] fp32 on the
-// device is replaced by (q @ M) * softmax_scale * log2(e), bit for bit what
-// device_decode_attention computes first, so that the attention can skip its
-// rotation kernel (DeviceDecodeOptions::queries_prerotated). One launch
-// fewer per layer of a decode step.
-struct AppendQueryRotation {
-  float* q = nullptr;
-  int num_q_heads = 0;
-  float softmax_scale = 0.0f;  // 0: 1 / sqrt(head_dim), as DeviceDecodeOptions
-};
-// device_append_tokens that also rotates `rotation`'s queries when it can:
-// quantized K with a Haar rotation and at most 64 vectors (rows x KV heads x
-// 2: the one-vector-per-CTA path). Returns whether it did; when it did not,
-// q is unchanged.
-bool device_append_tokens(const DeviceKvCache& cache, int layer, const DeviceBlockTables& tables,
-                          const float* k, const float* v, const AppendQueryRotation* rotation,
-                          cudaStream_t stream = nullptr);
 // Quantizes and stores tokens first_pos .. first_pos + n_tokens - 1 of row
 // `row` (k, v: [n_tokens][num_kv_heads][head_dim] fp32, device).
 void device_write_tokens(const DeviceKvCache& cache, int layer, const DeviceBlockTables& tables, int row,
@@ -162,11 +143,6 @@ struct DeviceDecodeOptions {
   // engine: to a multiple of 256 tokens) gets the same launches, argument for
   // argument, for many consecutive steps: what a CUDA graph replay needs.
   int64_t plan_length = 0;
-  // Decode only: q was rotated by device_append_tokens (AppendQueryRotation,
-  // the same softmax_scale) in the kernel just before this call: no rotation
-  // kernel, and the cache tiles holding a row's newest token are read only
-  // after that kernel finished. Needs quantized K.
-  bool queries_prerotated = false;
 };
 
 // The chunk length the decode kernel uses when none is given (a multiple of
