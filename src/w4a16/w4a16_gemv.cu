@@ -193,25 +193,20 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
         const T* src = static_cast<const T*>(args.x) + static_cast<int64_t>(m0 + row) * args.ldx + k;
         uint4 v;
         if (args.x_up_offset != 0) {
-          // x through the decode step's SiLU (W4A16Options::x_silu_mul).
-          T e[8];
-          if (k + 8 <= args.K) {
+          // x through the decode step's SiLU (W4A16Options::x_silu_mul). K
+          // is a multiple of 8, so a chunk is all inside the row or all past
+          // it (zeros: the bits of 0.0 in fp16 and bf16).
+          v = make_uint4(0, 0, 0, 0);
+          if (k < args.K) {
             const uint4 gv = __ldg(reinterpret_cast<const uint4*>(src));
             const uint4 uv = __ldg(reinterpret_cast<const uint4*>(src + args.x_up_offset));
             const T* g8 = reinterpret_cast<const T*>(&gv);
             const T* u8 = reinterpret_cast<const T*>(&uv);
+            T* e = reinterpret_cast<T*>(&v);
 #pragma unroll
             for (int i = 0; i < 8; ++i)
               e[i] = from_float<T>(ops::silu_times(scalar_to_float(g8[i]), scalar_to_float(u8[i])));
-          } else {
-#pragma unroll
-            for (int i = 0; i < 8; ++i) {
-              const float g = k + i < args.K ? scalar_to_float(src[i]) : 0.0f;
-              const float u = k + i < args.K ? scalar_to_float(src[i + args.x_up_offset]) : 0.0f;
-              e[i] = k + i < args.K ? from_float<T>(ops::silu_times(g, u)) : from_float<T>(0.0f);
-            }
           }
-          v = *reinterpret_cast<const uint4*>(e);
         } else if (k + 8 <= args.K) {
           v = __ldg(reinterpret_cast<const uint4*>(src));
         } else {
