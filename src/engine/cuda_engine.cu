@@ -409,6 +409,7 @@ void CudaEngine::ensure_capacity(int64_t tokens, int64_t logit_rows) {
     q32_ = f32_rows(c.q_dim());
     k32_ = f32_rows(c.kv_dim());
     v32_ = f32_rows(c.kv_dim());
+    row_sq_ = f32_rows(w4a16_row_sq_blocks(c.hidden));
     capacity_tokens_ = tokens;
   }
   if (logit_rows > capacity_logit_rows_) {
@@ -430,11 +431,23 @@ bool CudaEngine::down_fuses_silu(const DeviceLinear& down, int64_t M) const {
          single_row_options(down).strategy == W4A16Strategy::gemv;
 }
 
-void CudaEngine::linear(const DeviceLinear& w, const void* x, int64_t M, void* y, bool x_silu_mul) {
+bool CudaEngine::fuses_norm(const DeviceLinear& producer, const DeviceLinear& consumer, int64_t M) const {
+  return options_.fuse_norms_into_gemms && M == 1 && producer.w4 && consumer.w4 && !consumer.w4->act_order() &&
+         consumer.K % 8 == 0 && single_row_options(producer).strategy == W4A16Strategy::gemv &&
+         single_row_options(consumer).strategy == W4A16Strategy::gemv;
+}
+
+void CudaEngine::linear(const DeviceLinear& w, const void* x, int64_t M, void* y, const LinearFusion& fusion) {
   if (w.w4) {
     W4A16Options options = M == 1 ? single_row_options(w) : W4A16Options{};
-    options.x_silu_mul = x_silu_mul;
-    w4a16_gemm(dev(const_cast<void*>(x), DType::f16, {M, x_silu_mul ? 2 * w.K : w.K}), *w.w4,
+    options.x_silu_mul = fusion.x_silu_mul;
+    if (fusion.x_norm != nullptr) {
+      options.x_norm_weight = fusion.x_norm->data();
+      options.x_norm_row_sq = row_sq_.as<float>();
+      options.x_norm_eps = static_cast<float>(model_.config.rms_eps);
+    }
+    if (fusion.residual_out) options.residual_row_sq = row_sq_.as<float>();
+    w4a16_gemm(dev(const_cast<void*>(x), DType::f16, {M, fusion.x_silu_mul ? 2 * w.K : w.K}), *w.w4,
                dev(y, DType::f16, {M, w.N}), w4_workspace_, options, stream_);
   } else {
     const void* weights = w.dense.data() != nullptr ? w.dense.data() : model_.embed.data();
@@ -618,8 +631,16 @@ void CudaEngine::launch(const int32_t* d_tokens) {
   mark("embedding + first norm");
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const DeviceLayer& L = model_.layers[static_cast<size_t>(l)];
-    linear(L.qkv, normed_.data(), M, qkv_.data());
-    mark("qkv GEMM");
+    const DeviceLayer* next = l + 1 < c.num_layers ? &model_.layers[static_cast<size_t>(l + 1)] : nullptr;
+    // The add + RMSNorm before this layer's qkv GEMM: done by the previous
+    // down GEMM and this one, or by the kernel at the end of the last layer.
+    if (l > 0 && fuses_norm(model_.layers[static_cast<size_t>(l - 1)].down, L.qkv, M)) {
+      linear(L.qkv, residual_.data(), M, qkv_.data(), {.x_norm = &L.attn_norm});
+      mark("RMSNorm + qkv GEMM");
+    } else {
+      linear(L.qkv, normed_.data(), M, qkv_.data());
+      mark("qkv GEMM");
+    }
     // q/k norm (Qwen3), RoPE and the widening to the fp32 q/k/v that the KV
     // kernels take (they quantize and rotate in fp32), in one launch.
     const TensorView q_norm = dev(L.q_norm.data(), DType::f16, {c.head_dim});
@@ -632,27 +653,37 @@ void CudaEngine::launch(const int32_t* d_tokens) {
                                  dev(v32_.data(), DType::f32, {M, c.kv_dim()}), stream_);
     mark("q/k norm + RoPE + fp32");
     attention_layer(static_cast<int>(l), rows_, tables_, M);
-    linear(L.o, attn_.data(), M, tmp_.data());
-    mark("o GEMM");
-    ops::add_rms_norm(residual, tmp, dev(L.ffn_norm.data(), DType::f16, {c.hidden}), eps, normed, stream_);
-    mark("add + RMSNorm");
-    linear(L.gate_up, normed_.data(), M, gate_up_.data());
-    mark("gate/up GEMM");
+    if (fuses_norm(L.o, L.gate_up, M)) {
+      linear(L.o, attn_.data(), M, residual_.data(), {.residual_out = true});
+      mark("o GEMM + residual add");
+      linear(L.gate_up, residual_.data(), M, gate_up_.data(), {.x_norm = &L.ffn_norm});
+      mark("RMSNorm + gate/up GEMM");
+    } else {
+      linear(L.o, attn_.data(), M, tmp_.data());
+      mark("o GEMM");
+      ops::add_rms_norm(residual, tmp, dev(L.ffn_norm.data(), DType::f16, {c.hidden}), eps, normed, stream_);
+      mark("add + RMSNorm");
+      linear(L.gate_up, normed_.data(), M, gate_up_.data());
+      mark("gate/up GEMM");
+    }
+    const bool norm_in_next_qkv = next != nullptr && fuses_norm(L.down, next->qkv, M);
+    void* down_out = norm_in_next_qkv ? residual_.data() : tmp_.data();
     if (down_fuses_silu(L.down, M)) {
-      linear(L.down, gate_up_.data(), M, tmp_.data(), true);
-      mark("SiLU x up + down GEMM");
+      linear(L.down, gate_up_.data(), M, down_out, {.x_silu_mul = true, .residual_out = norm_in_next_qkv});
+      mark(norm_in_next_qkv ? "SiLU x up + down GEMM + residual add" : "SiLU x up + down GEMM");
     } else {
       ops::silu_mul(rows_view(gate_up_, 0, M, c.intermediate, 2 * c.intermediate),
                     rows_view(gate_up_, c.intermediate, M, c.intermediate, 2 * c.intermediate),
                     dev(act_.data(), DType::f16, {M, c.intermediate}), stream_);
       mark("SiLU x up");
-      linear(L.down, act_.data(), M, tmp_.data());
-      mark("down GEMM");
+      linear(L.down, act_.data(), M, down_out, {.residual_out = norm_in_next_qkv});
+      mark(norm_in_next_qkv ? "down GEMM + residual add" : "down GEMM");
     }
-    const Buffer& next_norm =
-        l + 1 < c.num_layers ? model_.layers[static_cast<size_t>(l + 1)].attn_norm : model_.final_norm;
-    ops::add_rms_norm(residual, tmp, dev(next_norm.data(), DType::f16, {c.hidden}), eps, normed, stream_);
-    mark("add + RMSNorm");
+    if (!norm_in_next_qkv) {
+      const Buffer& next_norm = next != nullptr ? next->attn_norm : model_.final_norm;
+      ops::add_rms_norm(residual, tmp, dev(next_norm.data(), DType::f16, {c.hidden}), eps, normed, stream_);
+      mark("add + RMSNorm");
+    }
   }
   const void* head_input = normed_.data();
   if (!all_tokens_) {

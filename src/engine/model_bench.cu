@@ -154,6 +154,10 @@ void run_model_benchmark(const ModelBenchOptions& options) {
               std::printf("   single-row steps: SiLU %s\n", engine->silu_fused_into_down()
                                                                   ? "read inside the down projection (gemv)"
                                                                   : "in a kernel of its own");
+              std::printf("   single-row steps: add + RMSNorm %s\n",
+                          engine->norms_fused_into_gemms()
+                              ? "inside the GEMMs before and after it (gemv)"
+                              : "in a kernel of its own");
               printed_choices = true;
             }
             std::vector<StepRow> rows;

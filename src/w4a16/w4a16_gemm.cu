@@ -28,6 +28,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <type_traits>
@@ -681,6 +682,8 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
   return plan;
 }
 
+int64_t w4a16_row_sq_blocks(int64_t N) { return (N + 127) / 128; }
+
 void w4a16_gemm(const TensorView& x, const W4A16Weights& w, const TensorView& y, W4A16Workspace& workspace,
                 const W4A16Options& options, cudaStream_t stream) {
   check_activation(x, "x", w, options.x_silu_mul ? 2 * w.K() : w.K());
@@ -690,6 +693,21 @@ void w4a16_gemm(const TensorView& x, const W4A16Weights& w, const TensorView& y,
          w4a16_strategy_name(options.strategy), "'");
   if (options.x_silu_mul && w.act_order())
     fail(ErrorKind::unsupported, "W4A16Options::x_silu_mul does not take act-order weights");
+  const bool x_norm = options.x_norm_weight != nullptr;
+  if ((x_norm || options.residual_row_sq != nullptr) && options.strategy != W4A16Strategy::gemv)
+    fail(ErrorKind::unsupported, "W4A16Options::", x_norm ? "x_norm_weight" : "residual_row_sq",
+         " is done by the gemv strategy only; the options ask for '", w4a16_strategy_name(options.strategy), "'");
+  if (x_norm) {
+    if (w.act_order()) fail(ErrorKind::unsupported, "W4A16Options::x_norm_weight does not take act-order weights");
+    if (options.x_silu_mul)
+      fail(ErrorKind::unsupported, "W4A16Options::x_norm_weight and x_silu_mul both say how to read x: pick one");
+    if (options.x_norm_row_sq == nullptr)
+      fail(ErrorKind::invalid_argument, "W4A16Options::x_norm_weight needs x_norm_row_sq (the sums of squares)");
+    if (w.K() % 8 != 0)
+      fail(ErrorKind::unsupported, "W4A16Options::x_norm_weight needs K a multiple of 8, not ", w.K());
+    if (!(options.x_norm_eps >= 0.0f) || !std::isfinite(options.x_norm_eps))
+      fail_argument("x_norm_eps", options.x_norm_eps, "a finite value >= 0");
+  }
   if (x.shape[0] != y.shape[0])
     fail(ErrorKind::invalid_argument, "x is ", x.shape_string(), " and y is ", y.shape_string(),
          ": expected the same number of rows M");
@@ -784,6 +802,11 @@ void w4a16_gemm(const TensorView& x, const W4A16Weights& w, const TensorView& y,
   if (plan.strategy == W4A16Strategy::gemv) {
     w4a16_detail::TiledGemmArgs a = tiled_args(xin, ldx, w, y, M, iters, group_shift, plan.split_k);
     a.x_up_offset = options.x_silu_mul ? w.K() : 0;
+    a.residual_row_sq = options.residual_row_sq;
+    a.x_norm_weight = options.x_norm_weight;
+    a.x_norm_row_sq = options.x_norm_row_sq;
+    a.x_norm_blocks = static_cast<int>(w4a16_row_sq_blocks(w.K()));
+    a.x_norm_eps = options.x_norm_eps;
     if (plan.split_k > 1) {
       // Slot 2: the partials of every split; slot 3: one counter per column block (kept zero).
       const int N_pad = static_cast<int>(w.N_padded());

@@ -63,7 +63,19 @@ namespace {
 constexpr int kWarps = 8;  // column strips (16 columns) per CTA
 constexpr int kThreads = kWarps * 32;
 constexpr int kDepth = 6;  // k-iterations in flight per thread
-constexpr int kMinCtasPerSm = 5;
+// Resident CTAs per SM the registers are budgeted for (48 per thread at 5,
+// 64 at 4). Shared memory allows 5 only for one scale group per k-iteration
+// on Hopper (~40 KB per CTA of 227 KB); group 32's larger ring (~49 KB), and
+// sm_80's 164 KB per SM, allow 4 whatever the registers, so those variants
+// take the 64 registers instead of spilling.
+template <bool kTwoGroups>
+constexpr int min_ctas_per_sm() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  return 4;
+#else
+  return kTwoGroups ? 4 : 5;
+#endif
+}
 // The scale and zero point are applied once per window of up to 4
 // k-iterations of one group (2 for group 128, 4 for 256 and per channel, 1
 // for 64 and 32): the mma accumulates the raw codes across the window.
@@ -110,11 +122,25 @@ __device__ __forceinline__ float2 pair_to_float2(uint32_t v) {
   else return __bfloat1622float2(from_u32<__nv_bfloat162>(v));
 }
 
+// Eight elements of x through RMSNorm, each rounded once as ops::rms_norm
+// rounds it: (x * inv_rms) * w in fp32.
+template <typename T>
+__device__ __forceinline__ uint4 rms_normalized(uint4 x, uint4 w, float inv_rms) {
+  const T* x8 = reinterpret_cast<const T*>(&x);
+  const T* w8 = reinterpret_cast<const T*>(&w);
+  uint4 out;
+  T* o8 = reinterpret_cast<T*>(&out);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) o8[i] = from_float<T>(scalar_to_float(x8[i]) * inv_rms * scalar_to_float(w8[i]));
+  return out;
+}
+
 template <typename T, bool kFloatZero, bool kTwoGroups>
-__global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
+__global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
     w4a16_gemv_kernel(const GemvArgs args, const int m0, const int range_max) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ int last_cta;
+  __shared__ float x_inv_rms[kGemvRowsPerPass];  // W4A16Options::x_norm_weight: 1 / rms of each row
   constexpr int kScaleWords = kTwoGroups ? 4 : 2;
   const GemvSmem layout{kScaleWords, min(kGemvRowsPerPass, args.M - m0), range_max};
   const int rows = layout.rows;
@@ -182,21 +208,54 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
   // 8 chunks of one (row, iteration) are 8 neighbouring lanes, which then
   // sum them for the fold.
   {
+    // x through RMSNorm (W4A16Options::x_norm_weight): warp w totals row w's
+    // sums of squares, one per column block of the GEMM that wrote x. Their
+    // loads are issued here and waited for only once the first round of x
+    // loads below is in flight too: one L2 round trip after the wait for the
+    // previous kernel instead of two.
+    const bool x_norm = args.x_norm_weight != nullptr;  // uniform
+    float row_sq = 0.0f;
+    if (x_norm && warp < rows) {
+      const float* sums_of_row = args.x_norm_row_sq + static_cast<int64_t>(m0 + warp) * args.x_norm_blocks;
+      for (int b0 = 0; b0 < args.x_norm_blocks; b0 += 4 * 32) {
+        float part[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const int b = b0 + 32 * u + lane;
+          part[u] = b < args.x_norm_blocks ? __ldcg(sums_of_row + b) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) row_sq += part[u];
+      }
+    }
     const int R = i1 - i0, chunks = rows * R * 8;
     for (int base = 0; base < chunks; base += kThreads) {
       const int c = base + tid;
       const bool valid = c < chunks;
       const int row = c / (R * 8), il = (c / 8) % R, q = c % 8, j = q / 2, h = q % 2;
       float raw_sum = 0.0f, staged_sum = 0.0f;
+      const int k = (i0 + il) * 64 + 16 * j + 8 * h;
+      uint4 v = make_uint4(0, 0, 0, 0), norm_w = make_uint4(0, 0, 0, 0);
+      if (valid && x_norm && k < args.K) {  // K is a multiple of 8 here
+        v = __ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(args.x) +
+                                                 static_cast<int64_t>(m0 + row) * args.ldx + k));
+        norm_w = __ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(args.x_norm_weight) + k));
+      }
+      if (x_norm && base == 0) {
+#pragma unroll
+        for (int o = 16; o > 0; o /= 2) row_sq += __shfl_xor_sync(0xFFFFFFFFu, row_sq, o);
+        if (warp < rows && lane == 0)
+          x_inv_rms[warp] = rsqrtf(row_sq / static_cast<float>(args.K) + args.x_norm_eps);  // ops::rms_norm's
+        __syncthreads();
+      }
       if (valid) {
-        const int k = (i0 + il) * 64 + 16 * j + 8 * h;
         const T* src = static_cast<const T*>(args.x) + static_cast<int64_t>(m0 + row) * args.ldx + k;
-        uint4 v;
-        if (args.x_up_offset != 0) {
+        if (x_norm) {
+          if (k < args.K) v = rms_normalized<T>(v, norm_w, x_inv_rms[row]);  // past K: the bits of 0.0
+        } else if (args.x_up_offset != 0) {
           // x through the decode step's SiLU (W4A16Options::x_silu_mul). K
           // is a multiple of 8, so a chunk is all inside the row or all past
           // it (zeros: the bits of 0.0 in fp16 and bf16).
-          v = make_uint4(0, 0, 0, 0);
           if (k < args.K) {
             const uint4 gv = __ldg(reinterpret_cast<const uint4*>(src));
             const uint4 uv = __ldg(reinterpret_cast<const uint4*>(src + args.x_up_offset));
@@ -322,17 +381,51 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
       if (stores && row < rows) f(row, col, acc[e]);
     }
   };
+  constexpr int kCols = kWarps * 16;
+  const int block_col = blockIdx.x * kCols;
+  // W4A16Options::residual_row_sq: y is the residual stream. The stored
+  // value is y + round(x W), rounded, as ops::add_rms_norm stores it; the
+  // squares of the stored values go to `squares` ([row][column of the
+  // block], the first 4 KB of shared memory, which only the epilogue uses
+  // then) and warp w sums row w's in a fixed order for the next GEMM's norm.
+  const bool residual = args.residual_row_sq != nullptr;  // uniform
+  float* squares = reinterpret_cast<float*>(smem);
+  auto store = [&](int row, int col, float v) {
+    T* dst = y + static_cast<int64_t>(m0 + row) * args.ldy + col;
+    T out = from_float<T>(v);
+    if (residual) {
+      out = from_float<T>(scalar_to_float(*dst) + scalar_to_float(out));
+      const float h = scalar_to_float(out);
+      squares[row * kCols + col - block_col] = h * h;
+    }
+    *dst = out;
+  };
+  auto write_row_sums_of_squares = [&]() {  // after a barrier that follows every store
+    if (!residual || warp >= rows) return;
+    float sum = 0.0f;
+#pragma unroll
+    for (int u = 0; u < kCols / 32; ++u) {
+      const int c = 32 * u + lane;
+      if (block_col + c < args.N) sum += squares[warp * kCols + c];
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
+    if (lane == 0) args.residual_row_sq[static_cast<int64_t>(m0 + warp) * gridDim.x + blockIdx.x] = sum;
+  };
   if (args.split_k == 1) {
+    if (residual) __syncthreads();  // every thread is done with its ring: `squares` overlays it
     for_each_output([&](int row, int col, float v) {
-      if (col < args.N) y[static_cast<int64_t>(m0 + row) * args.ldy + col] = from_float<T>(v);
+      if (col < args.N) store(row, col, v);
     });
+    if (residual) {
+      __syncthreads();
+      write_row_sums_of_squares();
+    }
     return;
   }
 
-  constexpr int kCols = kWarps * 16;
-  const int block_col = blockIdx.x * kCols;
   const int elements = rows * kCols;  // [row][column of the block]
-  float* red = reinterpret_cast<float*>(smem);
+  float* red = reinterpret_cast<float*>(smem) + (residual ? kGemvRowsPerPass * kCols : 0);
   // Through global memory: partials [split][row][N_pad], a counter per block;
   // the last CTA to arrive loads every partial of the block at once (one round
   // of loads, as many in flight as the CTA has threads) and sums in order.
@@ -345,7 +438,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
   __syncthreads();
   if (!last_cta) return;
   __threadfence();
-  const int chunk = max(1, (layout.bytes() / 4) / args.split_k);  // elements per round that fit in shared memory
+  // Elements per round that fit in shared memory (beside `squares`).
+  const int chunk = max(1, (layout.bytes() / 4 - (residual ? kGemvRowsPerPass * kCols : 0)) / args.split_k);
   for (int e0 = 0; e0 < elements; e0 += chunk) {
     const int n = min(chunk, elements - e0), total = n * args.split_k;
     for (int base = 0; base < total; base += kThreads * 4) {
@@ -369,10 +463,11 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
       float sum = 0.0f;
       for (int s = 0; s < args.split_k; ++s) sum += red[s * n + i];
       const int e = e0 + i, row = e / kCols, col = block_col + e % kCols;
-      if (col < args.N) y[static_cast<int64_t>(m0 + row) * args.ldy + col] = from_float<T>(sum);
+      if (col < args.N) store(row, col, sum);
     }
     __syncthreads();
   }
+  write_row_sums_of_squares();
   if (tid == 0) *counter = 0;  // ready for the next call
 }
 

@@ -23,6 +23,13 @@ struct TiledGemmArgs {
   int group_shift;  // log2(group size), or -1 for per channel
   int split_k;
   int64_t x_up_offset;  // gemv: 0, or x holds gate | up and the kernel reads silu(gate) * up (up at x + x_up_offset)
+  // gemv, W4A16Options: residual add in the epilogue (y read and written)
+  // with per-row sums of squares per column block out, and RMSNorm of x.
+  float* residual_row_sq;
+  const void* x_norm_weight;  // non-null: x is normalized while staged
+  const float* x_norm_row_sq;
+  int x_norm_blocks;
+  float x_norm_eps;
 };
 
 }  // namespace lowbit::w4a16_detail

@@ -263,6 +263,63 @@ TEST(CudaEngine, SiluFusedIntoTheDownProjectionGivesTheSameBits) {
   }
 }
 
+// Single-row steps whose GEMMs run the gemv strategy do the residual add +
+// RMSNorm inside the GEMMs on either side of it (fuse_norms_into_gemms). At
+// every decode step the logits must agree with the same engine running the
+// add + RMSNorm kernels (the fused norm sums in another order: rounding
+// only) and with the CPU backend; the prompt (5 rows) runs the kernels in
+// both engines. fp16 KV, so that the CPU and GPU caches hold the same values.
+TEST(CudaEngine, NormsFusedIntoTheGemmsAgreeWithTheNormKernels) {
+  LOWBIT_REQUIRE_GPU();
+  for (Architecture arch : {Architecture::llama, Architecture::qwen3}) {
+    SCOPED_TRACE(architecture_name(arch));
+    const Model model = make_random_model(tiny_config(arch), 23, WeightMode::w4, 0.08f);
+    const DeviceModel device_model = DeviceModel::upload(model, false);
+    CudaEngineOptions options;
+    options.max_tokens = 32;
+    options.k_format = options.v_format = kv::KvFormat::fp16;
+    options.decode_gemm = W4A16Options{W4A16Strategy::gemv, 0};
+    CudaEngine fused(device_model, options);
+    options.fuse_norms_into_gemms = false;
+    CudaEngine separate(device_model, options);
+    EXPECT_TRUE(fused.norms_fused_into_gemms());
+    EXPECT_FALSE(separate.norms_fused_into_gemms());
+    CpuBackendOptions cpu_options;
+    cpu_options.kv.k = cpu_options.kv.v = KvStorage::fp16;
+    cpu_options.kv.max_tokens = 32;
+    auto cpu = make_cpu_backend(model, cpu_options);
+    const int cs = cpu->add_sequence();
+    std::vector<std::vector<float>> out[2];
+    CudaEngine* engines[2] = {&fused, &separate};
+    for (int k = 0; k < 2; ++k) {
+      CudaEngine& e = *engines[k];
+      const int seq = e.add_sequence();
+      std::vector<int32_t> tokens = {3, 14, 15, 92, 65};
+      for (int step = 0; step < 6; ++step) {
+        const int64_t n = static_cast<int64_t>(tokens.size());
+        const std::vector<StepRow> rows = {{seq, e.extend(seq, n), n}};
+        e.step(rows, tokens, false);
+        LOWBIT_CUDA_CHECK(cudaStreamSynchronize(e.stream()));
+        std::vector<uint16_t> bits(static_cast<size_t>(model.config.vocab));
+        Buffer::copy(bits.data(), Device::cpu, e.logits().data, Device::cuda, bits.size() * 2);
+        std::vector<float> row(bits.size());
+        for (size_t i = 0; i < bits.size(); ++i) row[i] = f16_to_float(f16::from_bits(bits[i]));
+        out[k].push_back(row);
+        tokens = {static_cast<int32_t>(20 + 7 * step)};
+      }
+    }
+    std::vector<int32_t> tokens = {3, 14, 15, 92, 65};
+    for (size_t step = 0; step < out[0].size(); ++step) {
+      std::vector<float> want;
+      cpu->forward(std::vector<StepInput>{{cs, tokens}}, LogitsWanted::last, want);
+      for (float v : out[0][step]) ASSERT_TRUE(std::isfinite(v)) << "step " << step;
+      EXPECT_LE(max_rel_error(out[0][step], out[1][step]), test::kCudaEngineBatchRelError) << "step " << step;
+      EXPECT_LE(max_rel_error(out[0][step], want), test::kCudaEngineLogitsRelError) << "step " << step;
+      tokens = {static_cast<int32_t>(20 + 7 * step)};
+    }
+  }
+}
+
 // Decode steps replayed from a CUDA graph give the bits of eager steps: two
 // engines on one model, graphs on and off, fed the same tokens. The plan
 // length is 16 tokens, so the rows cross several plan lengths (a new capture

@@ -385,6 +385,141 @@ TEST(W4A16Gemm, GemvSiluMulEqualsSiluKernelThenGemv) {
                                  {"x_silu_mul", "act-order"}));
 }
 
+// W4A16Options::residual_row_sq and x_norm_weight: a gemv GEMM that adds its
+// output to a residual (and sums each row's squares per 128 columns), then a
+// gemv GEMM that reads the residual through RMSNorm, against the three
+// launches they replace in a decode step (plain gemv, ops::add_rms_norm, gemv
+// of the normalized rows). The residual must have the same bits; the sums of
+// squares must match a float64 sum of the stored residual; the second GEMM
+// must match the separate path (its norm sums in another order: rounding
+// only) and the CPU reference on the normalized rows. Residual widths of
+// 1000 (a partial last block), 384 and 640; both dtypes; group 32, 64
+// (act-order, which the residual side takes), 128 and per channel; 1-9
+// rows; automatic and forced K splits. The options it cannot honour are
+// refused.
+TEST(W4A16Gemm, GemvResidualAddAndRmsNormEqualTheSeparateKernels) {
+  LOWBIT_REQUIRE_GPU();
+  W4A16Workspace ws;
+  // K -> H (the residual width) -> N.
+  struct Case { int64_t K, H, N; int first_group, second_group; DType dtype; bool act_order; };
+  uint64_t seed = 1300;
+  const float eps = 1e-5f;
+  for (const Case c : {Case{512, 1000, 200, 128, -1, DType::f16, false}, Case{576, 384, 136, 32, 32, DType::bf16, false},
+                       Case{256, 640, 72, 64, 128, DType::f16, true}}) {
+    const auto first_layer = test::random_layer(c.K, c.H, c.first_group, ZeroKind::asym, seed++, c.act_order);
+    const auto second_layer = test::random_layer(c.H, c.N, c.second_group, ZeroKind::asym, seed++);
+    const W4A16Weights first = W4A16Weights::prepare(first_layer, c.dtype);
+    const W4A16Weights second = W4A16Weights::prepare(second_layer, c.dtype);
+    const int64_t blocks = w4a16_row_sq_blocks(c.H);
+    std::mt19937_64 rng(seed++);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<uint16_t> norm_weight(static_cast<size_t>(c.H));
+    for (auto& v : norm_weight) v = to_bits(1.0f + 0.3f * normal(rng), c.dtype);
+    Buffer nw(norm_weight.size() * 2, Device::cuda);
+    Buffer::copy(nw.data(), Device::cuda, norm_weight.data(), Device::cpu, nw.size());
+    for (int64_t M : {1, 3, 9}) {
+      std::vector<uint16_t> x(static_cast<size_t>(M * c.K)), residual(static_cast<size_t>(M * c.H));
+      for (auto& v : x) v = to_bits(normal(rng), c.dtype);
+      for (auto& v : residual) v = to_bits(4.0f * normal(rng), c.dtype);
+      Buffer xb(x.size() * 2, Device::cuda), tmp(residual.size() * 2, Device::cuda),
+          normed(residual.size() * 2, Device::cuda), res_separate(residual.size() * 2, Device::cuda),
+          res_fused(residual.size() * 2, Device::cuda), row_sq(static_cast<size_t>(M * blocks) * 4, Device::cuda),
+          out(static_cast<size_t>(M * c.N) * 2, Device::cuda);
+      Buffer::copy(xb.data(), Device::cuda, x.data(), Device::cpu, xb.size());
+      auto view = [&](const Buffer& b, int64_t cols) {
+        return TensorView::contiguous(const_cast<void*>(b.data()), c.dtype, {M, cols}, Device::cuda);
+      };
+      auto bits_of = [&](const Buffer& b) {
+        LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+        std::vector<uint16_t> h(b.size() / 2);
+        Buffer::copy(h.data(), Device::cpu, b.data(), Device::cuda, b.size());
+        return h;
+      };
+      for (int split : {0, 5}) {
+        SCOPED_TRACE(testing::Message() << "K=" << c.K << " H=" << c.H << " N=" << c.N << " "
+                                        << dtype_name(c.dtype) << " M=" << M << " split " << split);
+        const W4A16Options plain{W4A16Strategy::gemv, split};
+        // The separate launches.
+        Buffer::copy(res_separate.data(), Device::cuda, residual.data(), Device::cpu, res_separate.size());
+        LOWBIT_CUDA_CHECK(cudaMemset(tmp.data(), 0xFF, tmp.size()));
+        LOWBIT_CUDA_CHECK(cudaMemset(normed.data(), 0xFF, normed.size()));
+        LOWBIT_CUDA_CHECK(cudaMemset(out.data(), 0xFF, out.size()));
+        w4a16_gemm(view(xb, c.K), first, view(tmp, c.H), ws, plain);
+        ops::add_rms_norm(view(res_separate, c.H), view(tmp, c.H),
+                          TensorView::contiguous(nw.data(), c.dtype, {c.H}, Device::cuda), eps, view(normed, c.H));
+        w4a16_gemm(view(normed, c.H), second, view(out, c.N), ws, plain);
+        const std::vector<uint16_t> want_residual = bits_of(res_separate), want_out = bits_of(out),
+                                    normed_bits = bits_of(normed);
+        // The fused pair.
+        Buffer::copy(res_fused.data(), Device::cuda, residual.data(), Device::cpu, res_fused.size());
+        LOWBIT_CUDA_CHECK(cudaMemset(row_sq.data(), 0xFF, row_sq.size()));
+        LOWBIT_CUDA_CHECK(cudaMemset(out.data(), 0xFF, out.size()));
+        W4A16Options adds = plain;
+        adds.residual_row_sq = row_sq.as<float>();
+        w4a16_gemm(view(xb, c.K), first, view(res_fused, c.H), ws, adds);
+        W4A16Options normalizes = plain;
+        normalizes.x_norm_weight = nw.data();
+        normalizes.x_norm_row_sq = row_sq.as<float>();
+        normalizes.x_norm_eps = eps;
+        w4a16_gemm(view(res_fused, c.H), second, view(out, c.N), ws, normalizes);
+        const std::vector<uint16_t> got_residual = bits_of(res_fused), got_out = bits_of(out);
+        std::vector<float> sums(static_cast<size_t>(M * blocks));
+        Buffer::copy(sums.data(), Device::cpu, row_sq.data(), Device::cuda, row_sq.size());
+
+        EXPECT_EQ(got_residual, want_residual);
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t b = 0; b < blocks; ++b) {
+            double want = 0;
+            for (int64_t col = b * 128; col < std::min(c.H, (b + 1) * 128); ++col) {
+              const double v = from_bits(got_residual[static_cast<size_t>(m * c.H + col)], c.dtype);
+              want += v * v;
+            }
+            EXPECT_NEAR(sums[static_cast<size_t>(m * blocks + b)], want, 1e-5 * want) << "row " << m << " block " << b;
+          }
+        double err = 0, scale = 0;
+        for (size_t i = 0; i < want_out.size(); ++i) {
+          const double a = from_bits(got_out[i], c.dtype), b = from_bits(want_out[i], c.dtype);
+          ASSERT_TRUE(std::isfinite(a)) << "element " << i;
+          err = std::max(err, std::fabs(a - b));
+          scale = std::max(scale, std::fabs(b));
+        }
+        EXPECT_LE(err, 2e-3 * scale);
+        Problem p{M, second_layer, c.dtype, normed_bits, {}, {}};
+        EXPECT_TRUE(matches_reference(make_problem_from(std::move(p)), got_out));
+      }
+    }
+  }
+  // Refused: another strategy; act-order weights or x_silu_mul with the norm;
+  // the norm without its sums; K not a multiple of 8.
+  const W4A16Weights w = W4A16Weights::prepare(test::random_layer(256, 64, 64, ZeroKind::sym, 3), DType::f16);
+  Buffer x(2 * 512 * 2, Device::cuda), y(2 * 64 * 2, Device::cuda), sums(64, Device::cuda);
+  const auto xv = TensorView::contiguous(x.data(), DType::f16, {2, 256}, Device::cuda);
+  const auto yv = TensorView::contiguous(y.data(), DType::f16, {2, 64}, Device::cuda);
+  W4A16Options automatic;
+  automatic.residual_row_sq = sums.as<float>();
+  EXPECT_TRUE(test::throws_error([&] { w4a16_gemm(xv, w, yv, ws, automatic); }, ErrorKind::unsupported,
+                                 {"residual_row_sq", "gemv", "auto"}));
+  W4A16Options norm{W4A16Strategy::gemv, 0};
+  norm.x_norm_weight = x.data();
+  EXPECT_TRUE(test::throws_error([&] { w4a16_gemm(xv, w, yv, ws, norm); }, ErrorKind::invalid_argument,
+                                 {"x_norm_row_sq"}));
+  norm.x_norm_row_sq = sums.as<float>();
+  const W4A16Weights act_order =
+      W4A16Weights::prepare(test::random_layer(256, 64, 64, ZeroKind::sym, 4, /*act_order=*/true), DType::f16);
+  EXPECT_TRUE(test::throws_error([&] { w4a16_gemm(xv, act_order, yv, ws, norm); }, ErrorKind::unsupported,
+                                 {"x_norm_weight", "act-order"}));
+  W4A16Options both = norm;
+  both.x_silu_mul = true;
+  EXPECT_TRUE(test::throws_error(
+      [&] { w4a16_gemm(TensorView::contiguous(x.data(), DType::f16, {2, 512}, Device::cuda), w, yv, ws, both); },
+      ErrorKind::unsupported, {"x_norm_weight", "x_silu_mul"}));
+  const W4A16Weights odd_k = W4A16Weights::prepare(test::random_layer(100, 64, -1, ZeroKind::sym, 5), DType::f16);
+  EXPECT_TRUE(test::throws_error(
+      [&] { w4a16_gemm(TensorView::contiguous(x.data(), DType::f16, {1, 100}, Device::cuda), odd_k,
+                       TensorView::contiguous(y.data(), DType::f16, {1, 64}, Device::cuda), ws, norm); },
+      ErrorKind::unsupported, {"x_norm_weight", "multiple of 8", "100"}));
+}
+
 TEST(W4A16Gemm, WgmmaRunsOnComputeCapability9) {
   LOWBIT_REQUIRE_GPU();
   int major = 0;

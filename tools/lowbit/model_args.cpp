@@ -80,9 +80,9 @@ void add_model_run_options(CLI::App& cmd, ModelRunOptions& o) {
       ->check(CLI::NonNegativeNumber);
   cmd.add_flag("--tune-gemms", o.tune_gemms,
                "CUDA: time the 4-bit GEMM kernels per layer shape when the model is loaded (a few ms each) and "
-               "decode single sequences with the fastest; where the down projection gets the decode kernel, "
-               "it also reads the SiLU itself (faster; the last bits of the logits may then differ from run to "
-               "run)");
+               "decode single sequences with the fastest; where the GEMMs get the decode kernel, they also "
+               "read the SiLU and do the residual add + RMSNorm themselves (faster; the last bits of the logits "
+               "may then differ from run to run)");
 }
 
 fs::path model_path(const ModelRunOptions& o) {

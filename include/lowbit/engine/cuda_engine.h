@@ -118,6 +118,15 @@ struct CudaEngineOptions {
   // launch fewer per layer (~3.6 us of a Qwen3-14B layer's 124 in a graph
   // replay), the same bits.
   bool fuse_silu_into_down = true;
+  // When the GEMMs on both sides of a residual add + RMSNorm of a
+  // single-row step run the gemv strategy, the first adds its output to the
+  // residual (and sums the squares of each row) in its epilogue and the
+  // second normalizes the residual as it reads it
+  // (W4A16Options::residual_row_sq, x_norm_weight): no add + RMSNorm
+  // kernel between them, two launches fewer per layer. The norm's sum is
+  // taken in another order, so logits agree with the separate kernels to
+  // rounding, not bit for bit.
+  bool fuse_norms_into_gemms = true;
 };
 
 // One row of a step: `n` new tokens of sequence `seq` at positions
@@ -180,6 +189,13 @@ class CudaEngine {
   bool silu_fused_into_down() const {
     return !model_.layers.empty() && down_fuses_silu(model_.layers.front().down, 1);
   }
+  // Whether single-row steps do the add + RMSNorm after the o projection
+  // inside the o and gate/up GEMMs (CudaEngineOptions::fuse_norms_into_gemms
+  // and gemv plans for both; the norm after the down projection follows
+  // the same rule with the next layer's qkv GEMM).
+  bool norms_fused_into_gemms() const {
+    return !model_.layers.empty() && fuses_norm(model_.layers.front().o, model_.layers.front().gate_up, 1);
+  }
   const kv::DeviceKvCache& cache() const { return *cache_; }
   cudaStream_t stream() const { return stream_; }
   int64_t kv_bytes_per_token() const;  // all layers, K and V
@@ -225,11 +241,23 @@ class CudaEngine {
   void ensure_capacity(int64_t tokens, int64_t logit_rows);
   void launch_decode_graph();
   void drop_decode_graph();
-  // y = x W^T. x_silu_mul: x is the [M, 2K] gate | up buffer, read through
-  // the SiLU (only where down_fuses_silu said so).
-  void linear(const DeviceLinear& w, const void* x, int64_t M, void* y, bool x_silu_mul = false);
+  // What a w4 linear does besides y = x W^T, where down_fuses_silu and
+  // fuses_norm said so: x_silu_mul, x is the [M, 2K] gate | up buffer read
+  // through the SiLU; x_norm, x is the residual read through RMSNorm with
+  // this weight; residual_out, y is the residual, added to (both norm
+  // flags use row_sq_ for the sums of squares).
+  struct LinearFusion {
+    bool x_silu_mul = false;
+    const Buffer* x_norm = nullptr;
+    bool residual_out = false;
+  };
+  void linear(const DeviceLinear& w, const void* x, int64_t M, void* y, const LinearFusion& fusion);
+  void linear(const DeviceLinear& w, const void* x, int64_t M, void* y) { linear(w, x, M, y, LinearFusion{}); }
   W4A16Options single_row_options(const DeviceLinear& w) const;
   bool down_fuses_silu(const DeviceLinear& down, int64_t M) const;
+  // Whether the add + RMSNorm between producer's output and consumer's
+  // input is done inside the two GEMMs (CudaEngineOptions::fuse_norms_into_gemms).
+  bool fuses_norm(const DeviceLinear& producer, const DeviceLinear& consumer, int64_t M) const;
   void attention_layer(int layer, std::span<const StepRow> rows, const kv::DeviceBlockTables& tables,
                        int64_t M);
 
@@ -257,6 +285,9 @@ class CudaEngine {
   int64_t capacity_tokens_ = 0, capacity_logit_rows_ = 0;
   Buffer tokens_, positions_, residual_, normed_, qkv_, attn_, tmp_, gate_up_, act_, gather_rows_, gathered_,
       logits_, q32_, k32_, v32_, next_tokens_;
+  // Per row, the residual's sums of squares per block of 128 columns
+  // (W4A16Options::residual_row_sq), for the fused norms.
+  Buffer row_sq_;
   // The prepared step.
   std::vector<StepRow> rows_;
   kv::DeviceBlockTables tables_;

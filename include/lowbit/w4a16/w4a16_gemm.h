@@ -143,7 +143,31 @@ struct W4A16Options {
   // and act-order weights are refused with Error(unsupported). (K is a
   // multiple of 8, so the up half's rows start at 16-byte boundaries.)
   bool x_silu_mul = false;
+  // A decode step's residual add + RMSNorm, done by the GEMMs on either side
+  // of it instead of a kernel of its own (gemv strategy only; the options
+  // must name it):
+  // - residual_row_sq: y is the residual stream, read and written:
+  //   y = round(y + round(x W)), the add of ops::add_rms_norm bit for bit.
+  //   The sum of squares of each stored row over each block of 128 columns
+  //   goes to residual_row_sq[row * w4a16_row_sq_blocks(N) + block].
+  // - x_norm_weight (+ x_norm_row_sq, x_norm_eps): x is the residual stream
+  //   and the GEMM multiplies RMSNorm(x): x_i * rsqrt(sum / K + eps) * w_i,
+  //   rounded as ops::rms_norm rounds it, with sum the total of
+  //   x_norm_row_sq[row * w4a16_row_sq_blocks(K) + b] over the blocks b
+  //   (what a residual_row_sq GEMM of N = K wrote). x_norm_weight: [K] of
+  //   the activation dtype. The total is summed in another order than
+  //   ops::rms_norm's, so results agree to rounding, not bit for bit.
+  //   K must be a multiple of 8; act-order weights and x_silu_mul are
+  //   refused with Error(unsupported).
+  // Both save a launch and a round trip through the residual per norm.
+  float* residual_row_sq = nullptr;
+  const void* x_norm_weight = nullptr;
+  const float* x_norm_row_sq = nullptr;
+  float x_norm_eps = 0.0f;
 };
+
+// Blocks of 128 output columns per row in W4A16Options::residual_row_sq.
+int64_t w4a16_row_sq_blocks(int64_t N);
 
 // What a call runs: the strategy, the K split and the rows per pass.
 struct W4A16Plan {
