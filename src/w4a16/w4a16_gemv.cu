@@ -135,7 +135,12 @@ __device__ __forceinline__ uint4 rms_normalized(uint4 x, uint4 w, float inv_rms)
   return out;
 }
 
-template <typename T, bool kFloatZero, bool kTwoGroups>
+// kFused: the instances that read x through RMSNorm and add y to a residual
+// (W4A16Options::x_norm_weight, residual_row_sq; either, both or neither at
+// run time). They are separate instances because the code for them, present
+// at all, changed the register allocation of the k-loop of the others: the
+// plain kernel measured 7-10% slower on every Qwen3-14B shape.
+template <typename T, bool kFloatZero, bool kTwoGroups, bool kFused>
 __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
     w4a16_gemv_kernel(const GemvArgs args, const int m0, const int range_max) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -208,12 +213,12 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
   // 8 chunks of one (row, iteration) are 8 neighbouring lanes, which then
   // sum them for the fold.
   {
-    // x through RMSNorm (W4A16Options::x_norm_weight): warp w totals row w's
-    // sums of squares, one per column block of the GEMM that wrote x. Their
-    // loads are issued here and waited for only once the first round of x
-    // loads below is in flight too: one L2 round trip after the wait for the
-    // previous kernel instead of two.
-    const bool x_norm = args.x_norm_weight != nullptr;  // uniform
+    // x through RMSNorm (W4A16Options::x_norm_weight, kFused instances; K is
+    // a multiple of 8 then): warp w totals row w's sums of squares, one per
+    // column block of the GEMM that wrote x. Their loads are issued here and
+    // waited for only once the first round of x loads is in flight too: one
+    // L2 round trip after the wait for the previous kernel instead of two.
+    const bool x_norm = kFused && args.x_norm_weight != nullptr;  // uniform
     float row_sq = 0.0f;
     if (x_norm && warp < rows) {
       const float* sums_of_row = args.x_norm_row_sq + static_cast<int64_t>(m0 + warp) * args.x_norm_blocks;
@@ -234,28 +239,33 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
       const bool valid = c < chunks;
       const int row = c / (R * 8), il = (c / 8) % R, q = c % 8, j = q / 2, h = q % 2;
       float raw_sum = 0.0f, staged_sum = 0.0f;
-      const int k = (i0 + il) * 64 + 16 * j + 8 * h;
-      uint4 v = make_uint4(0, 0, 0, 0), norm_w = make_uint4(0, 0, 0, 0);
-      if (valid && x_norm && k < args.K) {  // K is a multiple of 8 here
-        v = __ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(args.x) +
-                                                 static_cast<int64_t>(m0 + row) * args.ldx + k));
-        norm_w = __ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(args.x_norm_weight) + k));
-      }
-      if (x_norm && base == 0) {
+      uint4 norm_x = make_uint4(0, 0, 0, 0), norm_w = make_uint4(0, 0, 0, 0);  // past K: the bits of 0.0
+      if (x_norm) {
+        const int k = (i0 + il) * 64 + 16 * j + 8 * h;
+        if (valid && k < args.K) {
+          norm_x = __ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(args.x) +
+                                                        static_cast<int64_t>(m0 + row) * args.ldx + k));
+          norm_w = __ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(args.x_norm_weight) + k));
+        }
+        if (base == 0) {
 #pragma unroll
-        for (int o = 16; o > 0; o /= 2) row_sq += __shfl_xor_sync(0xFFFFFFFFu, row_sq, o);
-        if (warp < rows && lane == 0)
-          x_inv_rms[warp] = rsqrtf(row_sq / static_cast<float>(args.K) + args.x_norm_eps);  // ops::rms_norm's
-        __syncthreads();
+          for (int o = 16; o > 0; o /= 2) row_sq += __shfl_xor_sync(0xFFFFFFFFu, row_sq, o);
+          if (warp < rows && lane == 0)  // ops::rms_norm's expression
+            x_inv_rms[warp] = rsqrtf(row_sq / static_cast<float>(args.K) + args.x_norm_eps);
+          __syncthreads();
+        }
       }
       if (valid) {
+        const int k = (i0 + il) * 64 + 16 * j + 8 * h;
         const T* src = static_cast<const T*>(args.x) + static_cast<int64_t>(m0 + row) * args.ldx + k;
+        uint4 v;
         if (x_norm) {
-          if (k < args.K) v = rms_normalized<T>(v, norm_w, x_inv_rms[row]);  // past K: the bits of 0.0
+          v = k < args.K ? rms_normalized<T>(norm_x, norm_w, x_inv_rms[row]) : norm_x;
         } else if (args.x_up_offset != 0) {
           // x through the decode step's SiLU (W4A16Options::x_silu_mul). K
           // is a multiple of 8, so a chunk is all inside the row or all past
           // it (zeros: the bits of 0.0 in fp16 and bf16).
+          v = make_uint4(0, 0, 0, 0);
           if (k < args.K) {
             const uint4 gv = __ldg(reinterpret_cast<const uint4*>(src));
             const uint4 uv = __ldg(reinterpret_cast<const uint4*>(src + args.x_up_offset));
@@ -384,36 +394,35 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
   constexpr int kCols = kWarps * 16;
   const int block_col = blockIdx.x * kCols;
   // W4A16Options::residual_row_sq: y is the residual stream. The stored
-  // value is y + round(x W), rounded, as ops::add_rms_norm stores it; the
-  // squares of the stored values go to `squares` ([row][column of the
-  // block], the first 4 KB of shared memory, which only the epilogue uses
-  // then) and warp w sums row w's in a fixed order for the next GEMM's norm.
-  const bool residual = args.residual_row_sq != nullptr;  // uniform
-  float* squares = reinterpret_cast<float*>(smem);
+  // value is y + round(x W), rounded, as ops::add_rms_norm stores it; after
+  // a barrier, warp w reads row w of the block back from L2 and sums its
+  // squares in a fixed order, for the next GEMM's norm. (Recording the
+  // squares as they are stored instead kept more values live across the
+  // k-loop, and the compiler paid for them with instructions in it.)
+  const bool residual = kFused && args.residual_row_sq != nullptr;  // uniform
   auto store = [&](int row, int col, float v) {
     T* dst = y + static_cast<int64_t>(m0 + row) * args.ldy + col;
     T out = from_float<T>(v);
-    if (residual) {
-      out = from_float<T>(scalar_to_float(*dst) + scalar_to_float(out));
-      const float h = scalar_to_float(out);
-      squares[row * kCols + col - block_col] = h * h;
-    }
+    if (residual) out = from_float<T>(scalar_to_float(*dst) + scalar_to_float(out));
     *dst = out;
   };
-  auto write_row_sums_of_squares = [&]() {  // after a barrier that follows every store
+  auto write_row_sums_of_squares = [&]() {  // after a barrier that follows every store of the CTA
     if (!residual || warp >= rows) return;
+    const T* row_y = y + static_cast<int64_t>(m0 + warp) * args.ldy;
     float sum = 0.0f;
 #pragma unroll
     for (int u = 0; u < kCols / 32; ++u) {
-      const int c = 32 * u + lane;
-      if (block_col + c < args.N) sum += squares[warp * kCols + c];
+      const int col = block_col + 32 * u + lane;
+      if (col < args.N) {
+        const float h = scalar_to_float(__ldcg(row_y + col));
+        sum += h * h;
+      }
     }
 #pragma unroll
     for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
     if (lane == 0) args.residual_row_sq[static_cast<int64_t>(m0 + warp) * gridDim.x + blockIdx.x] = sum;
   };
   if (args.split_k == 1) {
-    if (residual) __syncthreads();  // every thread is done with its ring: `squares` overlays it
     for_each_output([&](int row, int col, float v) {
       if (col < args.N) store(row, col, v);
     });
@@ -425,7 +434,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
   }
 
   const int elements = rows * kCols;  // [row][column of the block]
-  float* red = reinterpret_cast<float*>(smem) + (residual ? kGemvRowsPerPass * kCols : 0);
+  float* red = reinterpret_cast<float*>(smem);
   // Through global memory: partials [split][row][N_pad], a counter per block;
   // the last CTA to arrive loads every partial of the block at once (one round
   // of loads, as many in flight as the CTA has threads) and sums in order.
@@ -438,8 +447,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
   __syncthreads();
   if (!last_cta) return;
   __threadfence();
-  // Elements per round that fit in shared memory (beside `squares`).
-  const int chunk = max(1, (layout.bytes() / 4 - (residual ? kGemvRowsPerPass * kCols : 0)) / args.split_k);
+  const int chunk = max(1, (layout.bytes() / 4) / args.split_k);  // elements per round that fit in shared memory
   for (int e0 = 0; e0 < elements; e0 += chunk) {
     const int n = min(chunk, elements - e0), total = n * args.split_k;
     for (int base = 0; base < total; base += kThreads * 4) {
@@ -490,7 +498,7 @@ const DeviceLimits& device_limits(int device) {
   LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&l.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
   LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&l.smem_per_cta, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   cudaFuncAttributes attr{};
-  LOWBIT_CUDA_CHECK(cudaFuncGetAttributes(&attr, w4a16_gemv_kernel<half, false, false>));
+  LOWBIT_CUDA_CHECK(cudaFuncGetAttributes(&attr, w4a16_gemv_kernel<half, false, false, false>));
   // Dynamic shared memory may take what the static part (the last-CTA flag) leaves.
   l.smem_per_cta -= static_cast<int>((attr.sharedSizeBytes + 127) / 128 * 128);
   const int regs_per_warp = (attr.numRegs + 7) / 8 * 8 * 32;
@@ -503,9 +511,9 @@ int resident_ctas_per_sm(const DeviceLimits& l, int smem) {
   return std::max(1, std::min({l.max_ctas_by_regs, by_smem, 2048 / kThreads}));
 }
 
-template <typename T, bool kFloatZero, bool kTwoGroups>
+template <typename T, bool kFloatZero, bool kTwoGroups, bool kFused>
 void launch_typed(const GemvArgs& args, int device, cudaStream_t stream) {
-  auto kernel = w4a16_gemv_kernel<T, kFloatZero, kTwoGroups>;
+  auto kernel = w4a16_gemv_kernel<T, kFloatZero, kTwoGroups, kFused>;
   const DeviceLimits& limits = device_limits(device);
   static bool configured = false;  // per instantiation: the attribute is per device function
   if (!configured) {
@@ -577,8 +585,14 @@ void launch_gemv(const GemvArgs& args, bool bf16, bool float_zero, int device, c
   auto by_groups = [&](auto t_tag, auto fz_tag) {
     using T = decltype(t_tag);
     constexpr bool kFz = decltype(fz_tag)::value;
-    if (two_groups) launch_typed<T, kFz, true>(args, device, stream);
-    else launch_typed<T, kFz, false>(args, device, stream);
+    const bool fused = args.x_norm_weight != nullptr || args.residual_row_sq != nullptr;
+    if (two_groups) {
+      if (fused) launch_typed<T, kFz, true, true>(args, device, stream);
+      else launch_typed<T, kFz, true, false>(args, device, stream);
+    } else {
+      if (fused) launch_typed<T, kFz, false, true>(args, device, stream);
+      else launch_typed<T, kFz, false, false>(args, device, stream);
+    }
   };
   if (bf16) {
     if (float_zero) by_groups(__nv_bfloat16{}, std::true_type{});
