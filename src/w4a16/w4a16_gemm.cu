@@ -703,8 +703,6 @@ void w4a16_gemm(const TensorView& x, const W4A16Weights& w, const TensorView& y,
       fail(ErrorKind::unsupported, "W4A16Options::x_norm_weight and x_silu_mul both say how to read x: pick one");
     if (options.x_norm_row_sq == nullptr)
       fail(ErrorKind::invalid_argument, "W4A16Options::x_norm_weight needs x_norm_row_sq (the sums of squares)");
-    if (w.K() % 8 != 0)
-      fail(ErrorKind::unsupported, "W4A16Options::x_norm_weight needs K a multiple of 8, not ", w.K());
     if (!(options.x_norm_eps >= 0.0f) || !std::isfinite(options.x_norm_eps))
       fail_argument("x_norm_eps", options.x_norm_eps, "a finite value >= 0");
   }

@@ -157,8 +157,9 @@ struct W4A16Options {
   //   (what a residual_row_sq GEMM of N = K wrote). x_norm_weight: [K] of
   //   the activation dtype. The total is summed in another order than
   //   ops::rms_norm's, so results agree to rounding, not bit for bit.
-  //   K must be a multiple of 8; act-order weights and x_silu_mul are
-  //   refused with Error(unsupported).
+  //   Act-order weights and x_silu_mul are refused with
+  //   Error(unsupported). (K, a multiple of 8 for all weights, keeps x's
+  //   rows in 16-byte pieces.)
   // Both save a launch and a round trip through the residual per norm.
   float* residual_row_sq = nullptr;
   const void* x_norm_weight = nullptr;
