@@ -393,38 +393,45 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
   };
   constexpr int kCols = kWarps * 16;
   const int block_col = blockIdx.x * kCols;
-  // W4A16Options::residual_row_sq: y is the residual stream. The stored
-  // value is y + round(x W), rounded, as ops::add_rms_norm stores it; after
-  // a barrier, warp w reads row w of the block back from L2 and sums its
-  // squares in a fixed order, for the next GEMM's norm. (Recording the
-  // squares as they are stored instead kept more values live across the
-  // k-loop, and the compiler paid for them with instructions in it.)
+  // W4A16Options::residual_row_sq (kFused instances): y is the residual
+  // stream. The stored value is y + round(x W), rounded, as
+  // ops::add_rms_norm stores it; its square goes to `squares` ([row][column
+  // of the block], in the last 4 KB of shared memory), and after a barrier
+  // warp w sums row w's in a fixed order for the next GEMM's norm. This is
+  // the tail of the kernel, which the next one waits for: the residual a
+  // thread adds to is loaded before the CTA knows whether it finishes the
+  // block (its latency hides behind the partials' stores and the count),
+  // and nothing goes back through L2.
   const bool residual = kFused && args.residual_row_sq != nullptr;  // uniform
-  auto store = [&](int row, int col, float v) {
+  constexpr int kSquares = kGemvRowsPerPass * kCols;
+  float* squares = reinterpret_cast<float*>(smem + layout.bytes()) - kSquares;
+  T residual_first{};  // split_k > 1: the residual of element tid, loaded early (below)
+  auto store = [&](int row, int col, float v, bool first) {
     T* dst = y + static_cast<int64_t>(m0 + row) * args.ldy + col;
     T out = from_float<T>(v);
-    if (residual) out = from_float<T>(scalar_to_float(*dst) + scalar_to_float(out));
+    if (residual) {
+      out = from_float<T>(scalar_to_float(first ? residual_first : *dst) + scalar_to_float(out));
+      const float h = scalar_to_float(out);
+      squares[row * kCols + col - block_col] = h * h;
+    }
     *dst = out;
   };
   auto write_row_sums_of_squares = [&]() {  // after a barrier that follows every store of the CTA
     if (!residual || warp >= rows) return;
-    const T* row_y = y + static_cast<int64_t>(m0 + warp) * args.ldy;
     float sum = 0.0f;
 #pragma unroll
     for (int u = 0; u < kCols / 32; ++u) {
-      const int col = block_col + 32 * u + lane;
-      if (col < args.N) {
-        const float h = scalar_to_float(__ldcg(row_y + col));
-        sum += h * h;
-      }
+      const int c = 32 * u + lane;
+      if (block_col + c < args.N) sum += squares[warp * kCols + c];
     }
 #pragma unroll
     for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
     if (lane == 0) args.residual_row_sq[static_cast<int64_t>(m0 + warp) * gridDim.x + blockIdx.x] = sum;
   };
   if (args.split_k == 1) {
+    if (residual) __syncthreads();  // every thread is done with its ring, which `squares` overlays
     for_each_output([&](int row, int col, float v) {
-      if (col < args.N) store(row, col, v);
+      if (col < args.N) store(row, col, v, false);
     });
     if (residual) {
       __syncthreads();
@@ -435,6 +442,9 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
 
   const int elements = rows * kCols;  // [row][column of the block]
   float* red = reinterpret_cast<float*>(smem);
+  // Element tid is this thread's first if the CTA turns out last.
+  if (residual && tid < elements && block_col + tid % kCols < args.N)
+    residual_first = y[static_cast<int64_t>(m0 + tid / kCols) * args.ldy + block_col + tid % kCols];
   // Through global memory: partials [split][row][N_pad], a counter per block;
   // the last CTA to arrive loads every partial of the block at once (one round
   // of loads, as many in flight as the CTA has threads) and sums in order.
@@ -447,7 +457,8 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
   __syncthreads();
   if (!last_cta) return;
   __threadfence();
-  const int chunk = max(1, (layout.bytes() / 4) / args.split_k);  // elements per round that fit in shared memory
+  // Elements per round that fit in shared memory (beside `squares`).
+  const int chunk = max(1, (layout.bytes() / 4 - (residual ? kSquares : 0)) / args.split_k);
   for (int e0 = 0; e0 < elements; e0 += chunk) {
     const int n = min(chunk, elements - e0), total = n * args.split_k;
     for (int base = 0; base < total; base += kThreads * 4) {
@@ -471,7 +482,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
       float sum = 0.0f;
       for (int s = 0; s < args.split_k; ++s) sum += red[s * n + i];
       const int e = e0 + i, row = e / kCols, col = block_col + e % kCols;
-      if (col < args.N) store(row, col, sum);
+      if (col < args.N) store(row, col, sum, e == tid);
     }
     __syncthreads();
   }
