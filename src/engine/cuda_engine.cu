@@ -409,7 +409,7 @@ void CudaEngine::ensure_capacity(int64_t tokens, int64_t logit_rows) {
     q32_ = f32_rows(c.q_dim());
     k32_ = f32_rows(c.kv_dim());
     v32_ = f32_rows(c.kv_dim());
-    row_sq_ = f32_rows(w4a16_row_sq_blocks(c.hidden));
+    row_sq_ = f32_rows(w4a16_row_sq_floats(c.hidden));
     capacity_tokens_ = tokens;
   }
   if (logit_rows > capacity_logit_rows_) {

@@ -683,6 +683,10 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
 }
 
 int64_t w4a16_row_sq_blocks(int64_t N) { return (N + 127) / 128; }
+int64_t w4a16_row_sq_floats(int64_t N) {
+  return int64_t{w4a16_detail::kGemvRowSqCopies} *
+         w4a16_detail::gemv_row_sq_copy_stride(static_cast<int>(w4a16_row_sq_blocks(N)));
+}
 
 void w4a16_gemm(const TensorView& x, const W4A16Weights& w, const TensorView& y, W4A16Workspace& workspace,
                 const W4A16Options& options, cudaStream_t stream) {

@@ -221,7 +221,10 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
     const bool x_norm = kFused && args.x_norm_weight != nullptr;  // uniform
     float row_sq = 0.0f;
     if (x_norm && warp < rows) {
-      const float* sums_of_row = args.x_norm_row_sq + static_cast<int64_t>(m0 + warp) * args.x_norm_blocks;
+      const int stride = gemv_row_sq_copy_stride(args.x_norm_blocks);
+      const float* sums_of_row = args.x_norm_row_sq +
+                                 (static_cast<int64_t>(m0 + warp) * kGemvRowSqCopies +
+                                  blockIdx.x % kGemvRowSqCopies) * stride;
       for (int b0 = 0; b0 < args.x_norm_blocks; b0 += 4 * 32) {
         float part[4];
 #pragma unroll
@@ -426,7 +429,10 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
     }
 #pragma unroll
     for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
-    if (lane == 0) args.residual_row_sq[static_cast<int64_t>(m0 + warp) * gridDim.x + blockIdx.x] = sum;
+    if (lane < kGemvRowSqCopies) {  // every lane holds the sum: each writes one copy
+      const int stride = gemv_row_sq_copy_stride(gridDim.x);
+      args.residual_row_sq[(static_cast<int64_t>(m0 + warp) * kGemvRowSqCopies + lane) * stride + blockIdx.x] = sum;
+    }
   };
   if (args.split_k == 1) {
     if (residual) __syncthreads();  // every thread is done with its ring, which `squares` overlays

@@ -22,6 +22,12 @@ using GemvArgs = TiledGemmArgs;
 
 // Blocks of 128 output columns (one CTA's width).
 int gemv_col_blocks(int N_pad);
+// W4A16Options::residual_row_sq's layout: per row, kGemvRowSqCopies copies
+// of the row's per-block sums, each padded to whole 128-byte lines; the
+// GEMM that reads them (x_norm_weight) takes copy blockIdx.x % copies, so
+// that its ~1000 CTAs do not all load the same two L2 lines at once.
+inline constexpr int kGemvRowSqCopies = 16;
+inline constexpr int gemv_row_sq_copy_stride(int blocks) { return (blocks + 31) / 32 * 32; }
 size_t gemv_partial_floats(int split_k, int N_pad);
 // The least K split whose share of x fits in a CTA's shared memory.
 int gemv_min_split(int64_t M, int iters, int device);

@@ -410,7 +410,7 @@ TEST(W4A16Gemm, GemvResidualAddAndRmsNormEqualTheSeparateKernels) {
     const auto second_layer = test::random_layer(c.H, c.N, c.second_group, ZeroKind::asym, seed++);
     const W4A16Weights first = W4A16Weights::prepare(first_layer, c.dtype);
     const W4A16Weights second = W4A16Weights::prepare(second_layer, c.dtype);
-    const int64_t blocks = w4a16_row_sq_blocks(c.H);
+    const int64_t blocks = w4a16_row_sq_blocks(c.H), row_floats = w4a16_row_sq_floats(c.H);
     std::mt19937_64 rng(seed++);
     std::normal_distribution<float> normal(0.0f, 1.0f);
     std::vector<uint16_t> norm_weight(static_cast<size_t>(c.H));
@@ -423,7 +423,7 @@ TEST(W4A16Gemm, GemvResidualAddAndRmsNormEqualTheSeparateKernels) {
       for (auto& v : residual) v = to_bits(4.0f * normal(rng), c.dtype);
       Buffer xb(x.size() * 2, Device::cuda), tmp(residual.size() * 2, Device::cuda),
           normed(residual.size() * 2, Device::cuda), res_separate(residual.size() * 2, Device::cuda),
-          res_fused(residual.size() * 2, Device::cuda), row_sq(static_cast<size_t>(M * blocks) * 4, Device::cuda),
+          res_fused(residual.size() * 2, Device::cuda), row_sq(static_cast<size_t>(M * row_floats) * 4, Device::cuda),
           out(static_cast<size_t>(M * c.N) * 2, Device::cuda);
       Buffer::copy(xb.data(), Device::cuda, x.data(), Device::cpu, xb.size());
       auto view = [&](const Buffer& b, int64_t cols) {
@@ -463,10 +463,17 @@ TEST(W4A16Gemm, GemvResidualAddAndRmsNormEqualTheSeparateKernels) {
         normalizes.x_norm_eps = eps;
         w4a16_gemm(view(res_fused, c.H), second, view(out, c.N), ws, normalizes);
         const std::vector<uint16_t> got_residual = bits_of(res_fused), got_out = bits_of(out);
-        std::vector<float> sums(static_cast<size_t>(M * blocks));
+        std::vector<float> sums(static_cast<size_t>(M * row_floats));
         Buffer::copy(sums.data(), Device::cpu, row_sq.data(), Device::cuda, row_sq.size());
 
         EXPECT_EQ(got_residual, want_residual);
+        // Every copy of the sums (the second GEMM's CTAs each read one).
+        const int64_t stride = (blocks + 31) / 32 * 32;
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t copy = 1; copy < row_floats / stride; ++copy)
+            for (int64_t b = 0; b < blocks; ++b)
+              EXPECT_EQ(sums[static_cast<size_t>(m * row_floats + copy * stride + b)],
+                        sums[static_cast<size_t>(m * row_floats + b)]) << "copy " << copy;
         for (int64_t m = 0; m < M; ++m)
           for (int64_t b = 0; b < blocks; ++b) {
             double want = 0;
@@ -474,7 +481,7 @@ TEST(W4A16Gemm, GemvResidualAddAndRmsNormEqualTheSeparateKernels) {
               const double v = from_bits(got_residual[static_cast<size_t>(m * c.H + col)], c.dtype);
               want += v * v;
             }
-            EXPECT_NEAR(sums[static_cast<size_t>(m * blocks + b)], want, 1e-5 * want) << "row " << m << " block " << b;
+            EXPECT_NEAR(sums[static_cast<size_t>(m * row_floats + b)], want, 1e-5 * want) << "row " << m << " block " << b;
           }
         double err = 0, scale = 0;
         for (size_t i = 0; i < want_out.size(); ++i) {

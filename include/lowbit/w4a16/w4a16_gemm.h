@@ -149,12 +149,14 @@ struct W4A16Options {
   // - residual_row_sq: y is the residual stream, read and written:
   //   y = round(y + round(x W)), the add of ops::add_rms_norm bit for bit.
   //   The sum of squares of each stored row over each block of 128 columns
-  //   goes to residual_row_sq[row * w4a16_row_sq_blocks(N) + block].
+  //   goes to residual_row_sq[row * w4a16_row_sq_floats(N) + block] (and to
+  //   copies of it further on in the row's floats: M * w4a16_row_sq_floats(N)
+  //   in all).
   // - x_norm_weight (+ x_norm_row_sq, x_norm_eps): x is the residual stream
   //   and the GEMM multiplies RMSNorm(x): x_i * rsqrt(sum / K + eps) * w_i,
-  //   rounded as ops::rms_norm rounds it, with sum the total of
-  //   x_norm_row_sq[row * w4a16_row_sq_blocks(K) + b] over the blocks b
-  //   (what a residual_row_sq GEMM of N = K wrote). x_norm_weight: [K] of
+  //   rounded as ops::rms_norm rounds it, with sum the total of the
+  //   w4a16_row_sq_blocks(K) sums of the row that a residual_row_sq GEMM of
+  //   N = K wrote to x_norm_row_sq. x_norm_weight: [K] of
   //   the activation dtype. The total is summed in another order than
   //   ops::rms_norm's, so results agree to rounding, not bit for bit.
   //   Act-order weights and x_silu_mul are refused with
@@ -167,8 +169,11 @@ struct W4A16Options {
   float x_norm_eps = 0.0f;
 };
 
-// Blocks of 128 output columns per row in W4A16Options::residual_row_sq.
+// W4A16Options::residual_row_sq of an N-column GEMM: blocks of 128 columns
+// per row, and the floats per row of the buffer (blocks, copied for its
+// readers).
 int64_t w4a16_row_sq_blocks(int64_t N);
+int64_t w4a16_row_sq_floats(int64_t N);
 
 // What a call runs: the strategy, the K split and the rows per pass.
 struct W4A16Plan {
