@@ -135,6 +135,129 @@ __device__ __forceinline__ uint4 rms_normalized(uint4 x, uint4 w, float inv_rms)
   return out;
 }
 
+// What the end of the kernel needs to write y (or its split-K partials).
+struct OutputArgs {
+  void* y;
+  int64_t ldy;
+  float* partial;
+  int* counters;
+  float* residual_row_sq;
+  int N, N_pad, split_k, split, m0, rows, smem_bytes;
+};
+
+// The end of a kFused instance whose y is the residual stream
+// (W4A16Options::residual_row_sq): the plain kernel's stores and split-K
+// sum, with y + round(x W) stored, rounded, as ops::add_rms_norm stores it.
+// Its square goes to `squares` ([row][column of the block], the first 4 KB
+// of shared memory) and, after a barrier, warp w sums row w's in a fixed
+// order for the next GEMM's norm. This is the tail of the kernel, which the
+// next one waits for: the residual a thread adds to is loaded before the CTA
+// knows whether it finishes the block (its latency hides behind the
+// partials' stores and the count). Out of line: inlined into the kernel,
+// its code changed the register allocation of the k-loop (8 more
+// instructions per k-iteration, two of them constant loads).
+// acc[e]: column col0 (e < 2) or col0 + 8 of the lane's warp strip, row
+// 2t + (e & 1) of the pass.
+template <typename T>
+__device__ __noinline__ void write_residual_outputs(const OutputArgs a, float acc0, float acc1, float acc2,
+                                                    float acc3) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ int last_cta;
+  constexpr int kCols = kWarps * 16, kSquares = kGemvRowsPerPass * kCols;
+  const float acc[4] = {acc0, acc1, acc2, acc3};
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, t = lane % 4;
+  const int strips = a.N_pad / 16, strip_raw = blockIdx.x * kWarps + warp;
+  const int col0 = min(strip_raw, strips - 1) * 16 + g;
+  const int block_col = blockIdx.x * kCols, rows = a.rows;
+  T* y = static_cast<T*>(a.y);
+  float* squares = reinterpret_cast<float*>(smem);
+  T residual_first{};  // split_k > 1: the residual of element tid, loaded early (below)
+  auto store = [&](int row, int col, float v, bool first) {
+    T* dst = y + static_cast<int64_t>(a.m0 + row) * a.ldy + col;
+    const T out = from_float<T>(scalar_to_float(first ? residual_first : *dst) + scalar_to_float(from_float<T>(v)));
+    const float h = scalar_to_float(out);
+    squares[row * kCols + col - block_col] = h * h;
+    *dst = out;
+  };
+  auto for_each_output = [&](auto&& f) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = 2 * t + (e & 1), col = e < 2 ? col0 : col0 + 8;
+      if (strip_raw < strips && row < rows) f(row, col, acc[e]);
+    }
+  };
+  auto write_row_sums_of_squares = [&]() {  // after a barrier that follows every store of the CTA
+    if (warp >= rows) return;
+    float sum = 0.0f;
+#pragma unroll
+    for (int u = 0; u < kCols / 32; ++u) {
+      const int c = 32 * u + lane;
+      if (block_col + c < a.N) sum += squares[warp * kCols + c];
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
+    if (lane < kGemvRowSqCopies) {  // every lane holds the sum: each writes one copy
+      const int stride = gemv_row_sq_copy_stride(gridDim.x);
+      a.residual_row_sq[(static_cast<int64_t>(a.m0 + warp) * kGemvRowSqCopies + lane) * stride + blockIdx.x] = sum;
+    }
+  };
+  if (a.split_k == 1) {
+    __syncthreads();  // every thread is done with its ring, which `squares` overlays
+    for_each_output([&](int row, int col, float v) {
+      if (col < a.N) store(row, col, v, false);
+    });
+    __syncthreads();
+    write_row_sums_of_squares();
+    return;
+  }
+
+  const int elements = rows * kCols;  // [row][column of the block]
+  float* red = squares + kSquares;
+  // Element tid is this thread's first if the CTA turns out last.
+  if (tid < elements && block_col + tid % kCols < a.N)
+    residual_first = y[static_cast<int64_t>(a.m0 + tid / kCols) * a.ldy + block_col + tid % kCols];
+  // The plain kernel's split-K sum (see there), `squares` beside the partials.
+  float* mine = a.partial + (static_cast<int64_t>(a.split) * kGemvRowsPerPass) * a.N_pad;
+  for_each_output([&](int row, int col, float v) { __stcg(mine + static_cast<int64_t>(row) * a.N_pad + col, v); });
+  __threadfence();
+  __syncthreads();
+  int* counter = a.counters + blockIdx.x;
+  if (tid == 0) last_cta = atomicAdd(counter, 1) == a.split_k - 1;
+  __syncthreads();
+  if (!last_cta) return;
+  __threadfence();
+  const int chunk = max(1, (a.smem_bytes / 4 - kSquares) / a.split_k);
+  for (int e0 = 0; e0 < elements; e0 += chunk) {
+    const int n = min(chunk, elements - e0), total = n * a.split_k;
+    for (int base = 0; base < total; base += kThreads * 4) {
+      float v[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int i = base + u * kThreads + tid;
+        const int e = e0 + i % n, row = e / kCols;
+        v[u] = i < total ? __ldcg(a.partial + (static_cast<int64_t>(i / n) * kGemvRowsPerPass + row) * a.N_pad +
+                                  block_col + e % kCols)
+                         : 0.0f;
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int i = base + u * kThreads + tid;
+        if (i < total) red[i] = v[u];
+      }
+    }
+    __syncthreads();
+    for (int i = tid; i < n; i += kThreads) {
+      float sum = 0.0f;
+      for (int s = 0; s < a.split_k; ++s) sum += red[s * n + i];
+      const int e = e0 + i, row = e / kCols, col = block_col + e % kCols;
+      if (col < a.N) store(row, col, sum, e == tid);
+    }
+    __syncthreads();
+  }
+  write_row_sums_of_squares();
+  if (tid == 0) *counter = 0;
+}
+
 // kFused: the instances that read x through RMSNorm and add y to a residual
 // (W4A16Options::x_norm_weight, residual_row_sq; either, both or neither at
 // run time). They are separate instances because the code for them, present
@@ -385,6 +508,14 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
   // The next kernel may start its own weight prefetch while this one sums.
   cuda::pdl_launch_dependents();
 
+  if constexpr (kFused) {
+    if (args.residual_row_sq != nullptr) {
+      write_residual_outputs<T>(OutputArgs{args.y, args.ldy, args.partial, args.counters, args.residual_row_sq,
+                                           args.N, args.N_pad, args.split_k, split, m0, rows, layout.bytes()},
+                                acc[0], acc[1], acc[2], acc[3]);
+      return;
+    }
+  }
   T* y = static_cast<T*>(args.y);
   const bool stores = strip_raw < strips;
   auto for_each_output = [&](auto&& f) {
@@ -394,63 +525,17 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
       if (stores && row < rows) f(row, col, acc[e]);
     }
   };
-  constexpr int kCols = kWarps * 16;
-  const int block_col = blockIdx.x * kCols;
-  // W4A16Options::residual_row_sq (kFused instances): y is the residual
-  // stream. The stored value is y + round(x W), rounded, as
-  // ops::add_rms_norm stores it; its square goes to `squares` ([row][column
-  // of the block], in the last 4 KB of shared memory), and after a barrier
-  // warp w sums row w's in a fixed order for the next GEMM's norm. This is
-  // the tail of the kernel, which the next one waits for: the residual a
-  // thread adds to is loaded before the CTA knows whether it finishes the
-  // block (its latency hides behind the partials' stores and the count),
-  // and nothing goes back through L2.
-  const bool residual = kFused && args.residual_row_sq != nullptr;  // uniform
-  constexpr int kSquares = kGemvRowsPerPass * kCols;
-  float* squares = reinterpret_cast<float*>(smem + layout.bytes()) - kSquares;
-  T residual_first{};  // split_k > 1: the residual of element tid, loaded early (below)
-  auto store = [&](int row, int col, float v, bool first) {
-    T* dst = y + static_cast<int64_t>(m0 + row) * args.ldy + col;
-    T out = from_float<T>(v);
-    if (residual) {
-      out = from_float<T>(scalar_to_float(first ? residual_first : *dst) + scalar_to_float(out));
-      const float h = scalar_to_float(out);
-      squares[row * kCols + col - block_col] = h * h;
-    }
-    *dst = out;
-  };
-  auto write_row_sums_of_squares = [&]() {  // after a barrier that follows every store of the CTA
-    if (!residual || warp >= rows) return;
-    float sum = 0.0f;
-#pragma unroll
-    for (int u = 0; u < kCols / 32; ++u) {
-      const int c = 32 * u + lane;
-      if (block_col + c < args.N) sum += squares[warp * kCols + c];
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
-    if (lane < kGemvRowSqCopies) {  // every lane holds the sum: each writes one copy
-      const int stride = gemv_row_sq_copy_stride(gridDim.x);
-      args.residual_row_sq[(static_cast<int64_t>(m0 + warp) * kGemvRowSqCopies + lane) * stride + blockIdx.x] = sum;
-    }
-  };
   if (args.split_k == 1) {
-    if (residual) __syncthreads();  // every thread is done with its ring, which `squares` overlays
     for_each_output([&](int row, int col, float v) {
-      if (col < args.N) store(row, col, v, false);
+      if (col < args.N) y[static_cast<int64_t>(m0 + row) * args.ldy + col] = from_float<T>(v);
     });
-    if (residual) {
-      __syncthreads();
-      write_row_sums_of_squares();
-    }
     return;
   }
 
+  constexpr int kCols = kWarps * 16;
+  const int block_col = blockIdx.x * kCols;
   const int elements = rows * kCols;  // [row][column of the block]
   float* red = reinterpret_cast<float*>(smem);
-  // Element tid is this thread's first if the CTA turns out last.
-  if (residual && tid < elements && block_col + tid % kCols < args.N)
-    residual_first = y[static_cast<int64_t>(m0 + tid / kCols) * args.ldy + block_col + tid % kCols];
   // Through global memory: partials [split][row][N_pad], a counter per block;
   // the last CTA to arrive loads every partial of the block at once (one round
   // of loads, as many in flight as the CTA has threads) and sums in order.
@@ -463,8 +548,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
   __syncthreads();
   if (!last_cta) return;
   __threadfence();
-  // Elements per round that fit in shared memory (beside `squares`).
-  const int chunk = max(1, (layout.bytes() / 4 - (residual ? kSquares : 0)) / args.split_k);
+  const int chunk = max(1, (layout.bytes() / 4) / args.split_k);  // elements per round that fit in shared memory
   for (int e0 = 0; e0 < elements; e0 += chunk) {
     const int n = min(chunk, elements - e0), total = n * args.split_k;
     for (int base = 0; base < total; base += kThreads * 4) {
@@ -488,11 +572,10 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
       float sum = 0.0f;
       for (int s = 0; s < args.split_k; ++s) sum += red[s * n + i];
       const int e = e0 + i, row = e / kCols, col = block_col + e % kCols;
-      if (col < args.N) store(row, col, sum, e == tid);
+      if (col < args.N) y[static_cast<int64_t>(m0 + row) * args.ldy + col] = from_float<T>(sum);
     }
     __syncthreads();
   }
-  write_row_sums_of_squares();
   if (tid == 0) *counter = 0;  // ready for the next call
 }
 
