@@ -705,6 +705,9 @@ void w4a16_gemm(const TensorView& x, const W4A16Weights& w, const TensorView& y,
     if (w.act_order()) fail(ErrorKind::unsupported, "W4A16Options::x_norm_weight does not take act-order weights");
     if (options.x_silu_mul)
       fail(ErrorKind::unsupported, "W4A16Options::x_norm_weight and x_silu_mul both say how to read x: pick one");
+    if (options.residual_row_sq != nullptr)
+      fail(ErrorKind::unsupported, "W4A16Options::x_norm_weight and residual_row_sq in one GEMM are not supported "
+                                   "(a decoder layer's GEMMs need one or the other)");
     if (options.x_norm_row_sq == nullptr)
       fail(ErrorKind::invalid_argument, "W4A16Options::x_norm_weight needs x_norm_row_sq (the sums of squares)");
     if (!(options.x_norm_eps >= 0.0f) || !std::isfinite(options.x_norm_eps))

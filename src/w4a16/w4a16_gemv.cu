@@ -145,7 +145,7 @@ struct OutputArgs {
   int N, N_pad, split_k, split, m0, rows, smem_bytes;
 };
 
-// The end of a kFused instance whose y is the residual stream
+// The end of a GemvIo::residual instance: y is the residual stream
 // (W4A16Options::residual_row_sq): the plain kernel's stores and split-K
 // sum, with y + round(x W) stored, rounded, as ops::add_rms_norm stores it.
 // Its square goes to `squares` ([row][column of the block], the first 4 KB
@@ -258,12 +258,16 @@ __device__ __noinline__ void write_residual_outputs(const OutputArgs a, float ac
   if (tid == 0) *counter = 0;
 }
 
-// kFused: the instances that read x through RMSNorm and add y to a residual
-// (W4A16Options::x_norm_weight, residual_row_sq; either, both or neither at
-// run time). They are separate instances because the code for them, present
-// at all, changed the register allocation of the k-loop of the others: the
-// plain kernel measured 7-10% slower on every Qwen3-14B shape.
-template <typename T, bool kFloatZero, bool kTwoGroups, bool kFused>
+// What a kernel instance reads and writes besides x W: plain; x through
+// RMSNorm (W4A16Options::x_norm_weight); y added to a residual
+// (W4A16Options::residual_row_sq). Separate instances because the code for
+// either, present at all, changed the register allocation of the k-loop of
+// the others (with both in one instance the plain kernel measured 7-10%
+// slower on every Qwen3-14B shape, and with both fused paths in one
+// instance its k-loop had three constant loads more).
+enum class GemvIo { plain, x_norm, residual };
+
+template <typename T, bool kFloatZero, bool kTwoGroups, GemvIo kIo>
 __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
     w4a16_gemv_kernel(const GemvArgs args, const int m0, const int range_max) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -336,12 +340,12 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
   // 8 chunks of one (row, iteration) are 8 neighbouring lanes, which then
   // sum them for the fold.
   {
-    // x through RMSNorm (W4A16Options::x_norm_weight, kFused instances; K is
+    // x through RMSNorm (W4A16Options::x_norm_weight, GemvIo::x_norm; K is
     // a multiple of 8 then): warp w totals row w's sums of squares, one per
     // column block of the GEMM that wrote x. Their loads are issued here and
     // waited for only once the first round of x loads is in flight too: one
     // L2 round trip after the wait for the previous kernel instead of two.
-    const bool x_norm = kFused && args.x_norm_weight != nullptr;  // uniform
+    constexpr bool x_norm = kIo == GemvIo::x_norm;
     float row_sq = 0.0f;
     if (x_norm && warp < rows) {
       const int stride = gemv_row_sq_copy_stride(args.x_norm_blocks);
@@ -508,13 +512,11 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
   // The next kernel may start its own weight prefetch while this one sums.
   cuda::pdl_launch_dependents();
 
-  if constexpr (kFused) {
-    if (args.residual_row_sq != nullptr) {
-      write_residual_outputs<T>(OutputArgs{args.y, args.ldy, args.partial, args.counters, args.residual_row_sq,
-                                           args.N, args.N_pad, args.split_k, split, m0, rows, layout.bytes()},
-                                acc[0], acc[1], acc[2], acc[3]);
-      return;
-    }
+  if (kIo == GemvIo::residual && args.residual_row_sq != nullptr) {
+    write_residual_outputs<T>(OutputArgs{args.y, args.ldy, args.partial, args.counters, args.residual_row_sq, args.N,
+                                         args.N_pad, args.split_k, split, m0, rows, layout.bytes()},
+                              acc[0], acc[1], acc[2], acc[3]);
+    return;
   }
   T* y = static_cast<T*>(args.y);
   const bool stores = strip_raw < strips;
@@ -598,7 +600,7 @@ const DeviceLimits& device_limits(int device) {
   LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&l.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
   LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&l.smem_per_cta, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   cudaFuncAttributes attr{};
-  LOWBIT_CUDA_CHECK(cudaFuncGetAttributes(&attr, w4a16_gemv_kernel<half, false, false, false>));
+  LOWBIT_CUDA_CHECK(cudaFuncGetAttributes(&attr, w4a16_gemv_kernel<half, false, false, GemvIo::plain>));
   // Dynamic shared memory may take what the static part (the last-CTA flag) leaves.
   l.smem_per_cta -= static_cast<int>((attr.sharedSizeBytes + 127) / 128 * 128);
   const int regs_per_warp = (attr.numRegs + 7) / 8 * 8 * 32;
@@ -611,9 +613,9 @@ int resident_ctas_per_sm(const DeviceLimits& l, int smem) {
   return std::max(1, std::min({l.max_ctas_by_regs, by_smem, 2048 / kThreads}));
 }
 
-template <typename T, bool kFloatZero, bool kTwoGroups, bool kFused>
+template <typename T, bool kFloatZero, bool kTwoGroups, GemvIo kIo>
 void launch_typed(const GemvArgs& args, int device, cudaStream_t stream) {
-  auto kernel = w4a16_gemv_kernel<T, kFloatZero, kTwoGroups, kFused>;
+  auto kernel = w4a16_gemv_kernel<T, kFloatZero, kTwoGroups, kIo>;
   const DeviceLimits& limits = device_limits(device);
   static bool configured = false;  // per instantiation: the attribute is per device function
   if (!configured) {
@@ -680,19 +682,21 @@ void launch_gemv(const GemvArgs& args, bool bf16, bool float_zero, int device, c
                  " for ", args.iters, " k-iterations");
   const bool two_groups = args.group_shift == 5;  // group 32: two scale groups per 64-row iteration
   LOWBIT_REQUIRE(args.group_shift < 0 || args.group_shift >= 5, "gemv: group size below 32");
+  LOWBIT_REQUIRE(args.x_norm_weight == nullptr || args.residual_row_sq == nullptr,
+                 "gemv: x_norm_weight and residual_row_sq in one call");
   LOWBIT_REQUIRE(smem_for(args.M, args.iters, args.split_k, two_groups) <= device_limits(device).smem_per_cta,
                  "gemv: K split ", args.split_k, " leaves more of x per CTA than shared memory holds");
   auto by_groups = [&](auto t_tag, auto fz_tag) {
     using T = decltype(t_tag);
     constexpr bool kFz = decltype(fz_tag)::value;
-    const bool fused = args.x_norm_weight != nullptr || args.residual_row_sq != nullptr;
-    if (two_groups) {
-      if (fused) launch_typed<T, kFz, true, true>(args, device, stream);
-      else launch_typed<T, kFz, true, false>(args, device, stream);
-    } else {
-      if (fused) launch_typed<T, kFz, false, true>(args, device, stream);
-      else launch_typed<T, kFz, false, false>(args, device, stream);
-    }
+    auto by_io = [&](auto groups_tag) {
+      constexpr bool kTwo = decltype(groups_tag)::value;
+      if (args.x_norm_weight != nullptr) launch_typed<T, kFz, kTwo, GemvIo::x_norm>(args, device, stream);
+      else if (args.residual_row_sq != nullptr) launch_typed<T, kFz, kTwo, GemvIo::residual>(args, device, stream);
+      else launch_typed<T, kFz, kTwo, GemvIo::plain>(args, device, stream);
+    };
+    if (two_groups) by_io(std::true_type{});
+    else by_io(std::false_type{});
   };
   if (bf16) {
     if (float_zero) by_groups(__nv_bfloat16{}, std::true_type{});

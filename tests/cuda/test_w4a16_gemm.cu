@@ -496,8 +496,8 @@ TEST(W4A16Gemm, GemvResidualAddAndRmsNormEqualTheSeparateKernels) {
       }
     }
   }
-  // Refused: another strategy; act-order weights or x_silu_mul with the norm;
-  // the norm without its sums.
+  // Refused: another strategy; act-order weights, the residual or x_silu_mul
+  // with the norm; the norm without its sums.
   const W4A16Weights w = W4A16Weights::prepare(test::random_layer(256, 64, 64, ZeroKind::sym, 3), DType::f16);
   Buffer x(2 * 512 * 2, Device::cuda), y(2 * 64 * 2, Device::cuda), sums(64, Device::cuda);
   const auto xv = TensorView::contiguous(x.data(), DType::f16, {2, 256}, Device::cuda);
@@ -515,6 +515,10 @@ TEST(W4A16Gemm, GemvResidualAddAndRmsNormEqualTheSeparateKernels) {
       W4A16Weights::prepare(test::random_layer(256, 64, 64, ZeroKind::sym, 4, /*act_order=*/true), DType::f16);
   EXPECT_TRUE(test::throws_error([&] { w4a16_gemm(xv, act_order, yv, ws, norm); }, ErrorKind::unsupported,
                                  {"x_norm_weight", "act-order"}));
+  W4A16Options with_residual = norm;
+  with_residual.residual_row_sq = sums.as<float>();
+  EXPECT_TRUE(test::throws_error([&] { w4a16_gemm(xv, w, yv, ws, with_residual); }, ErrorKind::unsupported,
+                                 {"x_norm_weight", "residual_row_sq"}));
   W4A16Options both = norm;
   both.x_silu_mul = true;
   EXPECT_TRUE(test::throws_error(

@@ -159,7 +159,7 @@ struct W4A16Options {
   //   N = K wrote to x_norm_row_sq. x_norm_weight: [K] of
   //   the activation dtype. The total is summed in another order than
   //   ops::rms_norm's, so results agree to rounding, not bit for bit.
-  //   Act-order weights and x_silu_mul are refused with
+  //   Act-order weights, x_silu_mul and residual_row_sq are refused with
   //   Error(unsupported). (K, a multiple of 8 for all weights, keeps x's
   //   rows in 16-byte pieces.)
   // Both save a launch and a round trip through the residual per norm.
