@@ -437,6 +437,12 @@ bool CudaEngine::fuses_norm(const DeviceLinear& producer, const DeviceLinear& co
          single_row_options(consumer).strategy == W4A16Strategy::gemv;
 }
 
+bool CudaEngine::qkv_makes_attention_inputs(const DeviceLinear& qkv, int64_t M) const {
+  const int64_t hd = model_.config.head_dim;
+  return options_.fuse_attention_inputs_into_qkv && M == 1 && qkv.w4 && hd % 2 == 0 && 128 % hd == 0 &&
+         single_row_options(qkv).strategy == W4A16Strategy::gemv;
+}
+
 void CudaEngine::linear(const DeviceLinear& w, const void* x, int64_t M, void* y, const LinearFusion& fusion) {
   if (w.w4) {
     W4A16Options options = M == 1 ? single_row_options(w) : W4A16Options{};
@@ -447,6 +453,7 @@ void CudaEngine::linear(const DeviceLinear& w, const void* x, int64_t M, void* y
       options.x_norm_eps = static_cast<float>(model_.config.rms_eps);
     }
     if (fusion.residual_out) options.residual_row_sq = row_sq_.as<float>();
+    options.attention_inputs = fusion.attention_inputs;
     w4a16_gemm(dev(const_cast<void*>(x), DType::f16, {M, fusion.x_silu_mul ? 2 * w.K : w.K}), *w.w4,
                dev(y, DType::f16, {M, w.N}), w4_workspace_, options, stream_);
   } else {
@@ -634,24 +641,41 @@ void CudaEngine::launch(const int32_t* d_tokens) {
     const DeviceLayer* next = l + 1 < c.num_layers ? &model_.layers[static_cast<size_t>(l + 1)] : nullptr;
     // The add + RMSNorm before this layer's qkv GEMM: done by the previous
     // down GEMM and this one, or by the kernel at the end of the last layer.
-    if (l > 0 && fuses_norm(model_.layers[static_cast<size_t>(l - 1)].down, L.qkv, M)) {
-      linear(L.qkv, residual_.data(), M, qkv_.data(), {.x_norm = &L.attn_norm});
-      mark("RMSNorm + qkv GEMM");
-    } else {
-      linear(L.qkv, normed_.data(), M, qkv_.data());
-      mark("qkv GEMM");
-    }
     // q/k norm (Qwen3), RoPE and the widening to the fp32 q/k/v that the KV
-    // kernels take (they quantize and rotate in fp32), in one launch.
-    const TensorView q_norm = dev(L.q_norm.data(), DType::f16, {c.head_dim});
-    const TensorView k_norm = dev(L.k_norm.data(), DType::f16, {c.head_dim});
-    ops::qkv_to_attention_inputs(rows_view(qkv_, 0, M, qkv_dim, qkv_dim), c.num_heads, c.num_kv_heads,
-                                 c.head_dim, c.qk_norm ? &q_norm : nullptr, c.qk_norm ? &k_norm : nullptr,
-                                 eps, positions_view, inv_freq_view, rope_style,
-                                 dev(q32_.data(), DType::f32, {M, c.q_dim()}),
-                                 dev(k32_.data(), DType::f32, {M, c.kv_dim()}),
-                                 dev(v32_.data(), DType::f32, {M, c.kv_dim()}), stream_);
-    mark("q/k norm + RoPE + fp32");
+    // kernels take (they quantize and rotate in fp32): in the QKV GEMM's
+    // epilogue or in one launch after it.
+    const bool norm_in_qkv = l > 0 && fuses_norm(model_.layers[static_cast<size_t>(l - 1)].down, L.qkv, M);
+    const bool prep_in_qkv = qkv_makes_attention_inputs(L.qkv, M);
+    W4A16AttentionInputs inputs;
+    if (prep_in_qkv) {
+      inputs.num_heads = c.num_heads;
+      inputs.num_kv_heads = c.num_kv_heads;
+      inputs.head_dim = c.head_dim;
+      inputs.q_norm = c.qk_norm ? L.q_norm.data() : nullptr;
+      inputs.k_norm = c.qk_norm ? L.k_norm.data() : nullptr;
+      inputs.eps = eps;
+      inputs.positions = positions_.as<int32_t>();
+      inputs.inv_freq = model_.inv_freq.as<float>();
+      inputs.rope_interleaved = rope_style == ops::RopeStyle::interleaved;
+      inputs.q_out = q32_.as<float>();
+      inputs.k_out = k32_.as<float>();
+      inputs.v_out = v32_.as<float>();
+    }
+    linear(L.qkv, norm_in_qkv ? residual_.data() : normed_.data(), M, qkv_.data(),
+           {.x_norm = norm_in_qkv ? &L.attn_norm : nullptr, .attention_inputs = prep_in_qkv ? &inputs : nullptr});
+    mark(norm_in_qkv ? (prep_in_qkv ? "RMSNorm + qkv GEMM + q/k norm + RoPE" : "RMSNorm + qkv GEMM")
+                     : (prep_in_qkv ? "qkv GEMM + q/k norm + RoPE" : "qkv GEMM"));
+    if (!prep_in_qkv) {
+      const TensorView q_norm = dev(L.q_norm.data(), DType::f16, {c.head_dim});
+      const TensorView k_norm = dev(L.k_norm.data(), DType::f16, {c.head_dim});
+      ops::qkv_to_attention_inputs(rows_view(qkv_, 0, M, qkv_dim, qkv_dim), c.num_heads, c.num_kv_heads,
+                                   c.head_dim, c.qk_norm ? &q_norm : nullptr, c.qk_norm ? &k_norm : nullptr,
+                                   eps, positions_view, inv_freq_view, rope_style,
+                                   dev(q32_.data(), DType::f32, {M, c.q_dim()}),
+                                   dev(k32_.data(), DType::f32, {M, c.kv_dim()}),
+                                   dev(v32_.data(), DType::f32, {M, c.kv_dim()}), stream_);
+      mark("q/k norm + RoPE + fp32");
+    }
     attention_layer(static_cast<int>(l), rows_, tables_, M);
     if (fuses_norm(L.o, L.gate_up, M)) {
       linear(L.o, attn_.data(), M, residual_.data(), {.residual_out = true});

@@ -158,6 +158,9 @@ void run_model_benchmark(const ModelBenchOptions& options) {
                           engine->norms_fused_into_gemms()
                               ? "inside the GEMMs before and after it (gemv)"
                               : "in a kernel of its own");
+              std::printf("   single-row steps: q/k norm + RoPE %s\n", engine->attention_inputs_fused_into_qkv()
+                                                                      ? "in the qkv GEMM's epilogue (gemv)"
+                                                                      : "in a kernel of its own");
               printed_choices = true;
             }
             std::vector<StepRow> rows;

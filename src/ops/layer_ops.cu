@@ -16,6 +16,7 @@
 #include "lowbit/core/error.h"
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/pdl.cuh"
+#include "lowbit/ops/head_math.cuh"
 #include "lowbit/ops/layer_ops_cuda.h"
 #include "lowbit/ops/silu.cuh"
 
@@ -44,33 +45,6 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
 // One CTA per row: at decode a norm is one row, so the row's latency is the
 // kernel's; 1024 threads keep a 5120-wide row to one chunk (below) per pass.
 constexpr int kRowThreads = 1024;
-
-// The fp32 steps of the per-head RMSNorm and of RoPE, with every rounding
-// spelled out by intrinsics that the compiler may not contract or reassociate
-// (plain `a * b + c` may or may not become an fma depending on what the code is
-// inlined into). head_rms_norm and rope use them, and so does the fused
-// qkv_to_attention_inputs kernel, which is what makes it reproduce the
-// separate kernels bit for bit. The fma choices are those nvcc made for the
-// plain expressions these replaced (checked in the SASS), so the separate
-// kernels' results did not change either.
-__device__ __forceinline__ float sum_sq_step(float acc, float v) { return __fmaf_rn(v, v, acc); }
-__device__ __forceinline__ float head_inv_rms(float sum_sq, int head_dim, float eps) {
-  return rsqrtf(__fadd_rn(__fdiv_rn(sum_sq, static_cast<float>(head_dim)), eps));
-}
-__device__ __forceinline__ float norm_scale(float v, float inv_rms, float w) {
-  return __fmul_rn(__fmul_rn(v, inv_rms), w);
-}
-// The angle is pos * inv_freq in fp32 as HF transformers computes it; sincosf
-// (not the fast __sincosf) keeps full accuracy for the large angles of long
-// contexts.
-__device__ __forceinline__ void rope_cos_sin(float pos, float inv_freq, float* c, float* s) {
-  sincosf(__fmul_rn(pos, inv_freq), s, c);
-}
-// (x0, x1) rotated by the angle of (c, s): y0 = x0 c - x1 s, y1 = x1 c + x0 s.
-__device__ __forceinline__ void rope_rotate(float x0, float x1, float c, float s, float* y0, float* y1) {
-  *y0 = __fmaf_rn(x0, c, -__fmul_rn(x1, s));
-  *y1 = __fmaf_rn(x0, s, __fmul_rn(x1, c));
-}
 
 // Sum over the CTA; every thread gets the total. `scratch` holds one float per warp.
 __device__ float block_sum(float v, float* scratch) {

@@ -713,6 +713,27 @@ void w4a16_gemm(const TensorView& x, const W4A16Weights& w, const TensorView& y,
     if (!(options.x_norm_eps >= 0.0f) || !std::isfinite(options.x_norm_eps))
       fail_argument("x_norm_eps", options.x_norm_eps, "a finite value >= 0");
   }
+  if (options.attention_inputs != nullptr) {
+    const W4A16AttentionInputs& ai = *options.attention_inputs;
+    if (options.strategy != W4A16Strategy::gemv)
+      fail(ErrorKind::unsupported, "W4A16Options::attention_inputs is done by the gemv strategy only; the options "
+                                   "ask for '", w4a16_strategy_name(options.strategy), "'");
+    if (options.residual_row_sq != nullptr)
+      fail(ErrorKind::unsupported, "W4A16Options::attention_inputs and residual_row_sq in one GEMM are not supported");
+    if (ai.num_heads <= 0 || ai.num_kv_heads <= 0 || ai.head_dim <= 0 || ai.head_dim % 2 != 0 ||
+        128 % ai.head_dim != 0)
+      fail(ErrorKind::unsupported, "W4A16Options::attention_inputs: ", ai.num_heads, " heads, ", ai.num_kv_heads,
+           " KV heads of ", ai.head_dim, ": expected positive counts and an even head dimension that divides 128");
+    if ((ai.num_heads + 2 * ai.num_kv_heads) * ai.head_dim != w.N())
+      fail(ErrorKind::invalid_argument, "W4A16Options::attention_inputs: (", ai.num_heads, " + 2 x ",
+           ai.num_kv_heads, ") heads of ", ai.head_dim, " are not the GEMM's N = ", w.N());
+    if (ai.positions == nullptr || ai.inv_freq == nullptr || ai.q_out == nullptr || ai.k_out == nullptr ||
+        ai.v_out == nullptr)
+      fail(ErrorKind::invalid_argument,
+           "W4A16Options::attention_inputs needs positions, inv_freq, q_out, k_out and v_out");
+    if (!(ai.eps >= 0.0f) || !std::isfinite(ai.eps))
+      fail_argument("attention_inputs eps", ai.eps, "a finite value >= 0");
+  }
   if (x.shape[0] != y.shape[0])
     fail(ErrorKind::invalid_argument, "x is ", x.shape_string(), " and y is ", y.shape_string(),
          ": expected the same number of rows M");
@@ -812,6 +833,22 @@ void w4a16_gemm(const TensorView& x, const W4A16Weights& w, const TensorView& y,
     a.x_norm_row_sq = options.x_norm_row_sq;
     a.x_norm_blocks = static_cast<int>(w4a16_row_sq_blocks(w.K()));
     a.x_norm_eps = options.x_norm_eps;
+    if (options.attention_inputs != nullptr) {
+      const W4A16AttentionInputs& ai = *options.attention_inputs;
+      a.attention_inputs = true;
+      a.attention = {ai.q_norm,
+                     ai.k_norm,
+                     ai.positions,
+                     ai.inv_freq,
+                     ai.q_out,
+                     ai.k_out,
+                     ai.v_out,
+                     static_cast<int>(ai.num_heads),
+                     static_cast<int>(ai.num_kv_heads),
+                     static_cast<int>(ai.head_dim),
+                     ai.eps,
+                     ai.rope_interleaved};
+    }
     if (plan.split_k > 1) {
       // Slot 2: the partials of every split; slot 3: one counter per column block (kept zero).
       const int N_pad = static_cast<int>(w.N_padded());

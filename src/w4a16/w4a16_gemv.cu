@@ -53,6 +53,7 @@
 #include "lowbit/core/error.h"
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/pdl.cuh"
+#include "lowbit/ops/head_math.cuh"
 #include "lowbit/ops/silu.cuh"
 #include "w4a16_device.cuh"
 #include "w4a16_gemv.h"
@@ -141,44 +142,33 @@ struct OutputArgs {
   int64_t ldy;
   float* partial;
   int* counters;
-  float* residual_row_sq;
   int N, N_pad, split_k, split, m0, rows, smem_bytes;
 };
 
-// The end of a GemvIo::residual instance: y is the residual stream
-// (W4A16Options::residual_row_sq): the plain kernel's stores and split-K
-// sum, with y + round(x W) stored, rounded, as ops::add_rms_norm stores it.
-// Its square goes to `squares` ([row][column of the block], the first 4 KB
-// of shared memory) and, after a barrier, warp w sums row w's in a fixed
-// order for the next GEMM's norm. This is the tail of the kernel, which the
-// next one waits for: the residual a thread adds to is loaded before the CTA
-// knows whether it finishes the block (its latency hides behind the
-// partials' stores and the count). Out of line: inlined into the kernel,
-// its code changed the register allocation of the k-loop (8 more
-// instructions per k-iteration, two of them constant loads).
+// The fused epilogues below (out of line: inlined into the kernel, their
+// code changed the register allocation of its k-loop, e.g. 8 more
+// instructions per k-iteration, two of them constant loads) start from the
+// plain kernel's stores and split-K sum, with each final value handed to
+// `finish(row, column of the block, value)` instead of stored, and then
+// `done()` after a barrier, by every thread of the CTA that holds the
+// block's final values (every CTA at split 1, the last one of the block
+// otherwise). `early()` runs in every CTA before the split-K count: loads
+// whose latency can hide behind it. The first 4 KB of shared memory are the
+// epilogue's (`ring` overlays it at split 1, hence the barrier first).
 // acc[e]: column col0 (e < 2) or col0 + 8 of the lane's warp strip, row
 // 2t + (e & 1) of the pass.
-template <typename T>
-__device__ __noinline__ void write_residual_outputs(const OutputArgs a, float acc0, float acc1, float acc2,
-                                                    float acc3) {
+constexpr int kEpilogueFloats = kGemvRowsPerPass * kWarps * 16;
+
+template <typename Early, typename Finish, typename Done>
+__device__ __forceinline__ void fused_epilogue(const OutputArgs& a, const float (&acc)[4], Early&& early,
+                                               Finish&& finish, Done&& done) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ int last_cta;
-  constexpr int kCols = kWarps * 16, kSquares = kGemvRowsPerPass * kCols;
-  const float acc[4] = {acc0, acc1, acc2, acc3};
+  constexpr int kCols = kWarps * 16;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, t = lane % 4;
   const int strips = a.N_pad / 16, strip_raw = blockIdx.x * kWarps + warp;
   const int col0 = min(strip_raw, strips - 1) * 16 + g;
   const int block_col = blockIdx.x * kCols, rows = a.rows;
-  T* y = static_cast<T*>(a.y);
-  float* squares = reinterpret_cast<float*>(smem);
-  T residual_first{};  // split_k > 1: the residual of element tid, loaded early (below)
-  auto store = [&](int row, int col, float v, bool first) {
-    T* dst = y + static_cast<int64_t>(a.m0 + row) * a.ldy + col;
-    const T out = from_float<T>(scalar_to_float(first ? residual_first : *dst) + scalar_to_float(from_float<T>(v)));
-    const float h = scalar_to_float(out);
-    squares[row * kCols + col - block_col] = h * h;
-    *dst = out;
-  };
   auto for_each_output = [&](auto&& f) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
@@ -186,37 +176,19 @@ __device__ __noinline__ void write_residual_outputs(const OutputArgs a, float ac
       if (strip_raw < strips && row < rows) f(row, col, acc[e]);
     }
   };
-  auto write_row_sums_of_squares = [&]() {  // after a barrier that follows every store of the CTA
-    if (warp >= rows) return;
-    float sum = 0.0f;
-#pragma unroll
-    for (int u = 0; u < kCols / 32; ++u) {
-      const int c = 32 * u + lane;
-      if (block_col + c < a.N) sum += squares[warp * kCols + c];
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
-    if (lane < kGemvRowSqCopies) {  // every lane holds the sum: each writes one copy
-      const int stride = gemv_row_sq_copy_stride(gridDim.x);
-      a.residual_row_sq[(static_cast<int64_t>(a.m0 + warp) * kGemvRowSqCopies + lane) * stride + blockIdx.x] = sum;
-    }
-  };
   if (a.split_k == 1) {
-    __syncthreads();  // every thread is done with its ring, which `squares` overlays
+    __syncthreads();  // every thread is done with its ring
     for_each_output([&](int row, int col, float v) {
-      if (col < a.N) store(row, col, v, false);
+      if (col < a.N) finish(row, col - block_col, v, false);
     });
     __syncthreads();
-    write_row_sums_of_squares();
+    done();
     return;
   }
-
   const int elements = rows * kCols;  // [row][column of the block]
-  float* red = squares + kSquares;
-  // Element tid is this thread's first if the CTA turns out last.
-  if (tid < elements && block_col + tid % kCols < a.N)
-    residual_first = y[static_cast<int64_t>(a.m0 + tid / kCols) * a.ldy + block_col + tid % kCols];
-  // The plain kernel's split-K sum (see there), `squares` beside the partials.
+  float* red = reinterpret_cast<float*>(smem) + kEpilogueFloats;
+  early();
+  // The plain kernel's split-K sum (see there), the epilogue's 4 KB beside the partials.
   float* mine = a.partial + (static_cast<int64_t>(a.split) * kGemvRowsPerPass) * a.N_pad;
   for_each_output([&](int row, int col, float v) { __stcg(mine + static_cast<int64_t>(row) * a.N_pad + col, v); });
   __threadfence();
@@ -226,7 +198,7 @@ __device__ __noinline__ void write_residual_outputs(const OutputArgs a, float ac
   __syncthreads();
   if (!last_cta) return;
   __threadfence();
-  const int chunk = max(1, (a.smem_bytes / 4 - kSquares) / a.split_k);
+  const int chunk = max(1, (a.smem_bytes / 4 - kEpilogueFloats) / a.split_k);
   for (int e0 = 0; e0 < elements; e0 += chunk) {
     const int n = min(chunk, elements - e0), total = n * a.split_k;
     for (int base = 0; base < total; base += kThreads * 4) {
@@ -249,27 +221,136 @@ __device__ __noinline__ void write_residual_outputs(const OutputArgs a, float ac
     for (int i = tid; i < n; i += kThreads) {
       float sum = 0.0f;
       for (int s = 0; s < a.split_k; ++s) sum += red[s * n + i];
-      const int e = e0 + i, row = e / kCols, col = block_col + e % kCols;
-      if (col < a.N) store(row, col, sum, e == tid);
+      const int e = e0 + i, row = e / kCols, c = e % kCols;
+      if (block_col + c < a.N) finish(row, c, sum, e == tid);
     }
     __syncthreads();
   }
-  write_row_sums_of_squares();
+  done();
   if (tid == 0) *counter = 0;
+}
+
+// W4A16Options::residual_row_sq: y is the residual stream. The stored value
+// is y + round(x W), rounded, as ops::add_rms_norm stores it; its square
+// goes to shared memory ([row][column of the block]) and warp w sums row w's
+// in a fixed order for the next GEMM's norm, in kGemvRowSqCopies copies.
+// This is the tail of the kernel, which the next one waits for: the residual
+// of each thread's first element is loaded before the split-K count.
+template <typename T>
+__device__ __noinline__ void write_residual_outputs(const OutputArgs a, float* residual_row_sq, float acc0,
+                                                    float acc1, float acc2, float acc3) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int kCols = kWarps * 16;
+  const float acc[4] = {acc0, acc1, acc2, acc3};
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, block_col = blockIdx.x * kCols;
+  T* y = static_cast<T*>(a.y);
+  float* squares = reinterpret_cast<float*>(smem);
+  T residual_first{};
+  fused_epilogue(
+      a, acc,
+      [&] {
+        if (tid < a.rows * kCols && block_col + tid % kCols < a.N)
+          residual_first = y[static_cast<int64_t>(a.m0 + tid / kCols) * a.ldy + block_col + tid % kCols];
+      },
+      [&](int row, int c, float v, bool first) {
+        T* dst = y + static_cast<int64_t>(a.m0 + row) * a.ldy + block_col + c;
+        const T out = from_float<T>(scalar_to_float(first ? residual_first : *dst) + scalar_to_float(from_float<T>(v)));
+        const float h = scalar_to_float(out);
+        squares[row * kCols + c] = h * h;
+        *dst = out;
+      },
+      [&] {
+        if (warp >= a.rows) return;
+        float sum = 0.0f;
+#pragma unroll
+        for (int u = 0; u < kCols / 32; ++u) {
+          const int c = 32 * u + lane;
+          if (block_col + c < a.N) sum += squares[warp * kCols + c];
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
+        if (lane < kGemvRowSqCopies) {  // every lane holds the sum: each writes one copy
+          const int stride = gemv_row_sq_copy_stride(gridDim.x);
+          residual_row_sq[(static_cast<int64_t>(a.m0 + warp) * kGemvRowSqCopies + lane) * stride + blockIdx.x] = sum;
+        }
+      });
+}
+
+// W4A16Options::attention_inputs: the block's 128 columns are whole heads
+// (head_dim divides 128). The final values, rounded to T as the plain
+// kernel stores them, go to shared memory; then one warp per (row, head)
+// applies ops::qkv_to_attention_inputs's arithmetic (ops/head_math.cuh),
+// element for element: the per-head norm (lane i summing elements i, i + 32,
+// ... and the same butterfly), rounded to T; RoPE, rounded to T; widened to
+// fp32 into q/k/v.
+template <typename T>
+__device__ __noinline__ void write_attention_inputs(const OutputArgs a, const AttentionInputsArgs* attention, float acc0,
+                                                    float acc1, float acc2, float acc3) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int kCols = kWarps * 16;
+  const float acc[4] = {acc0, acc1, acc2, acc3};
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, block_col = blockIdx.x * kCols;
+  float* values = reinterpret_cast<float*>(smem);  // [row][column of the block]
+  const AttentionInputsArgs& ai = *attention;
+  fused_epilogue(
+      a, acc, [] {},
+      [&](int row, int c, float v, bool) { values[row * kCols + c] = scalar_to_float(from_float<T>(v)); },
+      [&] {
+        const int hd = ai.head_dim, half = hd / 2;
+        const int block_heads = min(kCols, a.N - block_col) / hd;
+        auto round_to_t = [](float v) { return scalar_to_float(from_float<T>(v)); };
+        for (int task = warp; task < a.rows * block_heads; task += kWarps) {
+          const int row = task / block_heads, j = task % block_heads;
+          const int head = (block_col + j * hd) / hd;
+          const int64_t token = a.m0 + row;
+          float* v = values + row * kCols + j * hd;
+          if (head >= ai.heads + ai.kv_heads) {  // v: widened as it is
+            float* out = ai.v_out + (token * ai.kv_heads + head - ai.heads - ai.kv_heads) * hd;
+            for (int i = lane; i < hd; i += 32) out[i] = v[i];
+            continue;
+          }
+          const bool is_q = head < ai.heads;
+          const T* w = static_cast<const T*>(is_q ? ai.q_norm : ai.k_norm);
+          if (w != nullptr) {
+            float sum_sq = 0.0f;
+            for (int i = lane; i < hd; i += 32) sum_sq = ops::sum_sq_step(sum_sq, v[i]);
+            for (int o = 16; o > 0; o >>= 1) sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, o);
+            const float inv_rms = ops::head_inv_rms(sum_sq, hd, ai.eps);
+            for (int i = lane; i < hd; i += 32) v[i] = round_to_t(ops::norm_scale(v[i], inv_rms, scalar_to_float(w[i])));
+          }
+          __syncwarp();
+          const float pos = static_cast<float>(ai.positions[token]);
+          for (int i = lane; i < half; i += 32) {
+            float c, s;
+            ops::rope_cos_sin(pos, ai.inv_freq[i], &c, &s);
+            const int p0 = ai.interleaved ? 2 * i : i, p1 = ai.interleaved ? 2 * i + 1 : i + half;
+            float y0, y1;
+            ops::rope_rotate(v[p0], v[p1], c, s, &y0, &y1);
+            v[p0] = round_to_t(y0);
+            v[p1] = round_to_t(y1);
+          }
+          __syncwarp();
+          float* out = is_q ? ai.q_out + (token * ai.heads + head) * hd
+                            : ai.k_out + (token * ai.kv_heads + head - ai.heads) * hd;
+          for (int i = lane; i < hd; i += 32) out[i] = v[i];
+        }
+      });
 }
 
 // What a kernel instance reads and writes besides x W: plain; x through
 // RMSNorm (W4A16Options::x_norm_weight); y added to a residual
-// (W4A16Options::residual_row_sq). Separate instances because the code for
-// either, present at all, changed the register allocation of the k-loop of
-// the others (with both in one instance the plain kernel measured 7-10%
-// slower on every Qwen3-14B shape, and with both fused paths in one
-// instance its k-loop had three constant loads more).
-enum class GemvIo { plain, x_norm, residual };
+// (W4A16Options::residual_row_sq); the attention inputs instead of y
+// (W4A16Options::attention_inputs), with or without the norm. Separate
+// instances because the code for any of them, present at all, changed the
+// register allocation of the k-loop of the others (with the norm and the
+// residual in one instance the plain kernel measured 7-10% slower on every
+// Qwen3-14B shape, and with both in one fused instance its k-loop had three
+// constant loads more).
+enum class GemvIo { plain, x_norm, residual, attention, x_norm_attention };
 
 template <typename T, bool kFloatZero, bool kTwoGroups, GemvIo kIo>
 __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
-    w4a16_gemv_kernel(const GemvArgs args, const int m0, const int range_max) {
+    w4a16_gemv_kernel(const __grid_constant__ GemvArgs args, const int m0, const int range_max) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ int last_cta;
   __shared__ float x_inv_rms[kGemvRowsPerPass];  // W4A16Options::x_norm_weight: 1 / rms of each row
@@ -345,7 +426,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
     // column block of the GEMM that wrote x. Their loads are issued here and
     // waited for only once the first round of x loads is in flight too: one
     // L2 round trip after the wait for the previous kernel instead of two.
-    constexpr bool x_norm = kIo == GemvIo::x_norm;
+    constexpr bool x_norm = kIo == GemvIo::x_norm || kIo == GemvIo::x_norm_attention;
     float row_sq = 0.0f;
     if (x_norm && warp < rows) {
       const int stride = gemv_row_sq_copy_stride(args.x_norm_blocks);
@@ -513,9 +594,15 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
   cuda::pdl_launch_dependents();
 
   if (kIo == GemvIo::residual && args.residual_row_sq != nullptr) {
-    write_residual_outputs<T>(OutputArgs{args.y, args.ldy, args.partial, args.counters, args.residual_row_sq, args.N,
-                                         args.N_pad, args.split_k, split, m0, rows, layout.bytes()},
-                              acc[0], acc[1], acc[2], acc[3]);
+    write_residual_outputs<T>(OutputArgs{args.y, args.ldy, args.partial, args.counters, args.N, args.N_pad,
+                                         args.split_k, split, m0, rows, layout.bytes()},
+                              args.residual_row_sq, acc[0], acc[1], acc[2], acc[3]);
+    return;
+  }
+  if ((kIo == GemvIo::attention || kIo == GemvIo::x_norm_attention) && args.attention_inputs) {
+    write_attention_inputs<T>(OutputArgs{args.y, args.ldy, args.partial, args.counters, args.N, args.N_pad,
+                                         args.split_k, split, m0, rows, layout.bytes()},
+                              &args.attention, acc[0], acc[1], acc[2], acc[3]);
     return;
   }
   T* y = static_cast<T*>(args.y);
@@ -682,8 +769,8 @@ void launch_gemv(const GemvArgs& args, bool bf16, bool float_zero, int device, c
                  " for ", args.iters, " k-iterations");
   const bool two_groups = args.group_shift == 5;  // group 32: two scale groups per 64-row iteration
   LOWBIT_REQUIRE(args.group_shift < 0 || args.group_shift >= 5, "gemv: group size below 32");
-  LOWBIT_REQUIRE(args.x_norm_weight == nullptr || args.residual_row_sq == nullptr,
-                 "gemv: x_norm_weight and residual_row_sq in one call");
+  LOWBIT_REQUIRE(args.residual_row_sq == nullptr || (args.x_norm_weight == nullptr && !args.attention_inputs),
+                 "gemv: residual_row_sq with x_norm_weight or attention_inputs in one call");
   LOWBIT_REQUIRE(smem_for(args.M, args.iters, args.split_k, two_groups) <= device_limits(device).smem_per_cta,
                  "gemv: K split ", args.split_k, " leaves more of x per CTA than shared memory holds");
   auto by_groups = [&](auto t_tag, auto fz_tag) {
@@ -691,9 +778,17 @@ void launch_gemv(const GemvArgs& args, bool bf16, bool float_zero, int device, c
     constexpr bool kFz = decltype(fz_tag)::value;
     auto by_io = [&](auto groups_tag) {
       constexpr bool kTwo = decltype(groups_tag)::value;
-      if (args.x_norm_weight != nullptr) launch_typed<T, kFz, kTwo, GemvIo::x_norm>(args, device, stream);
-      else if (args.residual_row_sq != nullptr) launch_typed<T, kFz, kTwo, GemvIo::residual>(args, device, stream);
-      else launch_typed<T, kFz, kTwo, GemvIo::plain>(args, device, stream);
+      const bool norm = args.x_norm_weight != nullptr;
+      if (args.attention_inputs) {
+        if (norm) launch_typed<T, kFz, kTwo, GemvIo::x_norm_attention>(args, device, stream);
+        else launch_typed<T, kFz, kTwo, GemvIo::attention>(args, device, stream);
+      } else if (norm) {
+        launch_typed<T, kFz, kTwo, GemvIo::x_norm>(args, device, stream);
+      } else if (args.residual_row_sq != nullptr) {
+        launch_typed<T, kFz, kTwo, GemvIo::residual>(args, device, stream);
+      } else {
+        launch_typed<T, kFz, kTwo, GemvIo::plain>(args, device, stream);
+      }
     };
     if (two_groups) by_io(std::true_type{});
     else by_io(std::false_type{});

@@ -9,6 +9,21 @@
 
 namespace lowbit::w4a16_detail {
 
+// gemv, W4A16Options::attention_inputs (w4a16_gemm.h): the fields of
+// W4A16AttentionInputs as the kernel takes them.
+struct AttentionInputsArgs {
+  const void* q_norm;
+  const void* k_norm;
+  const int32_t* positions;
+  const float* inv_freq;
+  float* q_out;
+  float* k_out;
+  float* v_out;
+  int heads, kv_heads, head_dim;
+  float eps;
+  bool interleaved;
+};
+
 struct TiledGemmArgs {
   const void* x;  // [M, K] (already permuted for act-order), row stride ldx, rows 16-byte aligned
   int64_t ldx;
@@ -30,6 +45,8 @@ struct TiledGemmArgs {
   const float* x_norm_row_sq;
   int x_norm_blocks;
   float x_norm_eps;
+  bool attention_inputs;  // y is not written: `attention` is
+  AttentionInputsArgs attention;
 };
 
 }  // namespace lowbit::w4a16_detail

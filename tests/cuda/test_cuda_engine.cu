@@ -320,6 +320,50 @@ TEST(CudaEngine, NormsFusedIntoTheGemmsAgreeWithTheNormKernels) {
   }
 }
 
+// Single-row steps whose QKV GEMM runs the gemv strategy make the attention
+// inputs in its epilogue (fuse_attention_inputs_into_qkv): the logits are
+// the bits of the same engine with the separate kernel, at every step, for
+// head dimensions 128 (one head per block of 128 columns) and 64 (two), with
+// the norms fused or not.
+TEST(CudaEngine, AttentionInputsFromTheQkvGemmGiveTheSameBits) {
+  LOWBIT_REQUIRE_GPU();
+  for (Architecture arch : {Architecture::llama, Architecture::qwen3})
+    for (const int64_t head_dim : {128, 64})
+      for (const bool norms : {true, false}) {
+        SCOPED_TRACE(testing::Message() << architecture_name(arch) << " head_dim " << head_dim << " norms fused "
+                                        << norms);
+        const Model model = make_random_model(tiny_config(arch, head_dim), 29, WeightMode::w4, 0.08f);
+        const DeviceModel device_model = DeviceModel::upload(model, false);
+        CudaEngineOptions options;
+        options.max_tokens = 32;
+        options.decode_gemm = W4A16Options{W4A16Strategy::gemv, 0};
+        options.fuse_norms_into_gemms = norms;
+        CudaEngine fused(device_model, options);
+        options.fuse_attention_inputs_into_qkv = false;
+        CudaEngine separate(device_model, options);
+        EXPECT_TRUE(fused.attention_inputs_fused_into_qkv());
+        EXPECT_FALSE(separate.attention_inputs_fused_into_qkv());
+        std::vector<std::vector<uint16_t>> out[2];
+        CudaEngine* engines[2] = {&fused, &separate};
+        for (int k = 0; k < 2; ++k) {
+          CudaEngine& e = *engines[k];
+          const int seq = e.add_sequence();
+          std::vector<int32_t> tokens = {3, 14, 15, 92, 65};
+          for (int step = 0; step < 5; ++step) {
+            const int64_t n = static_cast<int64_t>(tokens.size());
+            const std::vector<StepRow> rows = {{seq, e.extend(seq, n), n}};
+            e.step(rows, tokens, false);
+            LOWBIT_CUDA_CHECK(cudaStreamSynchronize(e.stream()));
+            std::vector<uint16_t> bits(static_cast<size_t>(model.config.vocab));
+            Buffer::copy(bits.data(), Device::cpu, e.logits().data, Device::cuda, bits.size() * 2);
+            out[k].push_back(bits);
+            tokens = {static_cast<int32_t>(20 + 7 * step)};
+          }
+        }
+        for (size_t step = 0; step < out[0].size(); ++step) EXPECT_EQ(out[0][step], out[1][step]) << "step " << step;
+      }
+}
+
 // Decode steps replayed from a CUDA graph give the bits of eager steps: two
 // engines on one model, graphs on and off, fed the same tokens. The plan
 // length is 16 tokens, so the rows cross several plan lengths (a new capture

@@ -526,6 +526,165 @@ TEST(W4A16Gemm, GemvResidualAddAndRmsNormEqualTheSeparateKernels) {
       ErrorKind::unsupported, {"x_norm_weight", "x_silu_mul"}));
 }
 
+// W4A16Options::attention_inputs: the QKV GEMM's epilogue doing the q/k
+// norm, RoPE and fp32 widening gives the bits of the plain gemv followed by
+// ops::qkv_to_attention_inputs, for head dimensions 128 and 64 (one and two
+// heads per block of 128 columns), with and without the per-head norms, both
+// RoPE layouts, positions up to 70000 (large angles), 1 and 3 rows, K split
+// automatic and 5, and with x read through RMSNorm (the engine's qkv GEMM
+// of every layer after the first). The options it cannot honour are refused.
+TEST(W4A16Gemm, GemvAttentionInputsEqualTheGemmThenTheirKernel) {
+  LOWBIT_REQUIRE_GPU();
+  W4A16Workspace ws;
+  constexpr int64_t kHeads = 4, kKvHeads = 2, K = 256;
+  uint64_t seed = 1700;
+  for (const int64_t hd : {128, 64}) {
+    const int64_t N = (kHeads + 2 * kKvHeads) * hd;
+    const auto layer = test::random_layer(K, N, 128, ZeroKind::asym, seed++);
+    const W4A16Weights w = W4A16Weights::prepare(layer, DType::f16);
+    std::mt19937_64 rng(seed++);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<uint16_t> norm_bits(static_cast<size_t>(2 * hd));
+    for (auto& v : norm_bits) v = to_bits(1.0f + 0.2f * normal(rng), DType::f16);
+    std::vector<float> inv_freq(static_cast<size_t>(hd / 2));
+    for (int64_t i = 0; i < hd / 2; ++i)
+      inv_freq[static_cast<size_t>(i)] = static_cast<float>(1.0 / std::pow(10000.0, 2.0 * i / hd));
+    Buffer norms(norm_bits.size() * 2, Device::cuda), freq(inv_freq.size() * 4, Device::cuda);
+    Buffer::copy(norms.data(), Device::cuda, norm_bits.data(), Device::cpu, norms.size());
+    Buffer::copy(freq.data(), Device::cuda, inv_freq.data(), Device::cpu, freq.size());
+    const auto q_norm_view = TensorView::contiguous(norms.data(), DType::f16, {hd}, Device::cuda);
+    const auto k_norm_view = TensorView::contiguous(static_cast<std::byte*>(norms.data()) + hd * 2, DType::f16, {hd},
+                                                    Device::cuda);
+    for (const int64_t M : {1, 3}) {
+      std::vector<uint16_t> x(static_cast<size_t>(M * K));
+      for (auto& v : x) v = to_bits(normal(rng), DType::f16);
+      const std::vector<int32_t> positions = {5, 70000, 1234};
+      Buffer xb(x.size() * 2, Device::cuda), y(static_cast<size_t>(M * N) * 2, Device::cuda),
+          pos(static_cast<size_t>(M) * 4, Device::cuda);
+      Buffer::copy(xb.data(), Device::cuda, x.data(), Device::cpu, xb.size());
+      Buffer::copy(pos.data(), Device::cuda, positions.data(), Device::cpu, pos.size());
+      Buffer outs[2][3];
+      for (auto& o : outs)
+        for (int k = 0; k < 3; ++k)
+          o[k] = Buffer(static_cast<size_t>(M * (k == 0 ? kHeads : kKvHeads) * hd) * 4, Device::cuda);
+      auto f32_view = [&](Buffer& b, int64_t heads) {
+        return TensorView::contiguous(b.data(), DType::f32, {M, heads * hd}, Device::cuda);
+      };
+      auto bits_of = [&](const Buffer& b) {
+        LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+        std::vector<uint32_t> h(b.size() / 4);
+        Buffer::copy(h.data(), Device::cpu, b.data(), Device::cuda, b.size());
+        return h;
+      };
+      for (const bool with_norms : {true, false})
+        for (const bool interleaved : {false, true})
+          for (const int split : {0, 5}) {
+            SCOPED_TRACE(testing::Message() << "head_dim " << hd << " M=" << M << " norms " << with_norms
+                                            << " interleaved " << interleaved << " split " << split);
+            for (auto& o : outs)
+              for (Buffer& b : o) LOWBIT_CUDA_CHECK(cudaMemset(b.data(), 0xFF, b.size()));
+            const W4A16Options plain{W4A16Strategy::gemv, split};
+            const auto y_view = TensorView::contiguous(y.data(), DType::f16, {M, N}, Device::cuda);
+            const auto x_view = TensorView::contiguous(xb.data(), DType::f16, {M, K}, Device::cuda);
+            w4a16_gemm(x_view, w, y_view, ws, plain);
+            ops::qkv_to_attention_inputs(y_view, kHeads, kKvHeads, hd, with_norms ? &q_norm_view : nullptr,
+                                         with_norms ? &k_norm_view : nullptr, 1e-6f,
+                                         TensorView::contiguous(pos.data(), DType::i32, {M}, Device::cuda),
+                                         TensorView::contiguous(freq.data(), DType::f32, {hd / 2}, Device::cuda),
+                                         interleaved ? ops::RopeStyle::interleaved : ops::RopeStyle::half,
+                                         f32_view(outs[0][0], kHeads), f32_view(outs[0][1], kKvHeads),
+                                         f32_view(outs[0][2], kKvHeads));
+            W4A16AttentionInputs inputs;
+            inputs.num_heads = kHeads;
+            inputs.num_kv_heads = kKvHeads;
+            inputs.head_dim = hd;
+            inputs.q_norm = with_norms ? q_norm_view.data : nullptr;
+            inputs.k_norm = with_norms ? k_norm_view.data : nullptr;
+            inputs.eps = 1e-6f;
+            inputs.positions = pos.as<int32_t>();
+            inputs.inv_freq = freq.as<float>();
+            inputs.rope_interleaved = interleaved;
+            inputs.q_out = outs[1][0].as<float>();
+            inputs.k_out = outs[1][1].as<float>();
+            inputs.v_out = outs[1][2].as<float>();
+            W4A16Options fused = plain;
+            fused.attention_inputs = &inputs;
+            w4a16_gemm(x_view, w, y_view, ws, fused);
+            for (int k = 0; k < 3; ++k) EXPECT_EQ(bits_of(outs[1][k]), bits_of(outs[0][k])) << "q, k, v"[3 * k];
+          }
+      // With x read through RMSNorm: a residual GEMM (128 -> K) writes the
+      // sums, then the norm-reading GEMM, plain or making the inputs.
+      const auto first_layer = test::random_layer(128, K, 128, ZeroKind::asym, seed++);
+      const W4A16Weights first = W4A16Weights::prepare(first_layer, DType::f16);
+      std::vector<uint16_t> x0(static_cast<size_t>(M * 128)), residual(static_cast<size_t>(M * K)),
+          weight(static_cast<size_t>(K));
+      for (auto& v : x0) v = to_bits(normal(rng), DType::f16);
+      for (auto& v : residual) v = to_bits(3.0f * normal(rng), DType::f16);
+      for (auto& v : weight) v = to_bits(1.0f + 0.3f * normal(rng), DType::f16);
+      Buffer x0b(x0.size() * 2, Device::cuda), res(residual.size() * 2, Device::cuda), nw(weight.size() * 2, Device::cuda),
+          sums(static_cast<size_t>(M * w4a16_row_sq_floats(K)) * 4, Device::cuda);
+      Buffer::copy(x0b.data(), Device::cuda, x0.data(), Device::cpu, x0b.size());
+      Buffer::copy(res.data(), Device::cuda, residual.data(), Device::cpu, res.size());
+      Buffer::copy(nw.data(), Device::cuda, weight.data(), Device::cpu, nw.size());
+      W4A16Options adds{W4A16Strategy::gemv, 0};
+      adds.residual_row_sq = sums.as<float>();
+      w4a16_gemm(TensorView::contiguous(x0b.data(), DType::f16, {M, 128}, Device::cuda), first,
+                 TensorView::contiguous(res.data(), DType::f16, {M, K}, Device::cuda), ws, adds);
+      W4A16Options normalizes{W4A16Strategy::gemv, 0};
+      normalizes.x_norm_weight = nw.data();
+      normalizes.x_norm_row_sq = sums.as<float>();
+      normalizes.x_norm_eps = 1e-6f;
+      const auto res_view = TensorView::contiguous(res.data(), DType::f16, {M, K}, Device::cuda);
+      const auto y_view = TensorView::contiguous(y.data(), DType::f16, {M, N}, Device::cuda);
+      for (auto& o : outs)
+        for (Buffer& b : o) LOWBIT_CUDA_CHECK(cudaMemset(b.data(), 0xFF, b.size()));
+      w4a16_gemm(res_view, w, y_view, ws, normalizes);
+      ops::qkv_to_attention_inputs(y_view, kHeads, kKvHeads, hd, &q_norm_view, &k_norm_view, 1e-6f,
+                                   TensorView::contiguous(pos.data(), DType::i32, {M}, Device::cuda),
+                                   TensorView::contiguous(freq.data(), DType::f32, {hd / 2}, Device::cuda),
+                                   ops::RopeStyle::half, f32_view(outs[0][0], kHeads), f32_view(outs[0][1], kKvHeads),
+                                   f32_view(outs[0][2], kKvHeads));
+      W4A16AttentionInputs inputs;
+      inputs.num_heads = kHeads;
+      inputs.num_kv_heads = kKvHeads;
+      inputs.head_dim = hd;
+      inputs.q_norm = q_norm_view.data;
+      inputs.k_norm = k_norm_view.data;
+      inputs.eps = 1e-6f;
+      inputs.positions = pos.as<int32_t>();
+      inputs.inv_freq = freq.as<float>();
+      inputs.q_out = outs[1][0].as<float>();
+      inputs.k_out = outs[1][1].as<float>();
+      inputs.v_out = outs[1][2].as<float>();
+      normalizes.attention_inputs = &inputs;
+      w4a16_gemm(res_view, w, y_view, ws, normalizes);
+      for (int k = 0; k < 3; ++k)
+        EXPECT_EQ(bits_of(outs[1][k]), bits_of(outs[0][k])) << "with the norm, head_dim " << hd << " M=" << M;
+
+      // Refused: another strategy, with the residual, a head_dim that does
+      // not divide 128, heads that are not N.
+      W4A16Options bad{W4A16Strategy::automatic, 0};
+      bad.attention_inputs = &inputs;
+      EXPECT_TRUE(test::throws_error([&] { w4a16_gemm(res_view, w, y_view, ws, bad); }, ErrorKind::unsupported,
+                                     {"attention_inputs", "gemv", "auto"}));
+      bad.strategy = W4A16Strategy::gemv;
+      bad.residual_row_sq = sums.as<float>();
+      EXPECT_TRUE(test::throws_error([&] { w4a16_gemm(res_view, w, y_view, ws, bad); }, ErrorKind::unsupported,
+                                     {"attention_inputs", "residual_row_sq"}));
+      bad.residual_row_sq = nullptr;
+      W4A16AttentionInputs odd = inputs;
+      odd.head_dim = 96;
+      bad.attention_inputs = &odd;
+      EXPECT_TRUE(test::throws_error([&] { w4a16_gemm(res_view, w, y_view, ws, bad); }, ErrorKind::unsupported,
+                                     {"attention_inputs", "96", "divides 128"}));
+      odd = inputs;
+      odd.num_heads = 5;
+      EXPECT_TRUE(test::throws_error([&] { w4a16_gemm(res_view, w, y_view, ws, bad); }, ErrorKind::invalid_argument,
+                                     {"attention_inputs", std::to_string(N)}));
+    }
+  }
+}
+
 TEST(W4A16Gemm, WgmmaRunsOnComputeCapability9) {
   LOWBIT_REQUIRE_GPU();
   int major = 0;

@@ -127,6 +127,11 @@ struct CudaEngineOptions {
   // taken in another order, so logits agree with the separate kernels to
   // rounding, not bit for bit.
   bool fuse_norms_into_gemms = true;
+  // When a single-row QKV projection runs the gemv strategy and head_dim
+  // divides 128, its epilogue does the q/k norm, RoPE and widening of
+  // ops::qkv_to_attention_inputs (W4A16Options::attention_inputs): one launch
+  // fewer per layer, the same bits.
+  bool fuse_attention_inputs_into_qkv = true;
 };
 
 // One row of a step: `n` new tokens of sequence `seq` at positions
@@ -196,6 +201,11 @@ class CudaEngine {
   bool norms_fused_into_gemms() const {
     return !model_.layers.empty() && fuses_norm(model_.layers.front().o, model_.layers.front().gate_up, 1);
   }
+  // Whether single-row steps make the attention inputs in the QKV GEMM
+  // (CudaEngineOptions::fuse_attention_inputs_into_qkv and a gemv plan).
+  bool attention_inputs_fused_into_qkv() const {
+    return !model_.layers.empty() && qkv_makes_attention_inputs(model_.layers.front().qkv, 1);
+  }
   const kv::DeviceKvCache& cache() const { return *cache_; }
   cudaStream_t stream() const { return stream_; }
   int64_t kv_bytes_per_token() const;  // all layers, K and V
@@ -245,11 +255,13 @@ class CudaEngine {
   // fuses_norm said so: x_silu_mul, x is the [M, 2K] gate | up buffer read
   // through the SiLU; x_norm, x is the residual read through RMSNorm with
   // this weight; residual_out, y is the residual, added to (both norm
-  // flags use row_sq_ for the sums of squares).
+  // flags use row_sq_ for the sums of squares); attention_inputs, the QKV
+  // GEMM writes q32_, k32_, v32_ instead of y.
   struct LinearFusion {
     bool x_silu_mul = false;
     const Buffer* x_norm = nullptr;
     bool residual_out = false;
+    const W4A16AttentionInputs* attention_inputs = nullptr;
   };
   void linear(const DeviceLinear& w, const void* x, int64_t M, void* y, const LinearFusion& fusion);
   void linear(const DeviceLinear& w, const void* x, int64_t M, void* y) { linear(w, x, M, y, LinearFusion{}); }
@@ -258,6 +270,7 @@ class CudaEngine {
   // Whether the add + RMSNorm between producer's output and consumer's
   // input is done inside the two GEMMs (CudaEngineOptions::fuse_norms_into_gemms).
   bool fuses_norm(const DeviceLinear& producer, const DeviceLinear& consumer, int64_t M) const;
+  bool qkv_makes_attention_inputs(const DeviceLinear& qkv, int64_t M) const;
   void attention_layer(int layer, std::span<const StepRow> rows, const kv::DeviceBlockTables& tables,
                        int64_t M);
 

@@ -129,6 +129,23 @@ class W4A16Workspace {
   int cublas_device_ = -1;
 };
 
+// The attention inputs of a fused QKV projection, made by the GEMM that
+// computes it (W4A16Options::attention_inputs): the arithmetic of
+// ops::qkv_to_attention_inputs (layer_ops_cuda.h), bit for bit. The GEMM's
+// N is (num_heads + 2 * num_kv_heads) * head_dim: q heads, k heads, v heads.
+struct W4A16AttentionInputs {
+  int64_t num_heads = 0, num_kv_heads = 0, head_dim = 0;  // head_dim even and dividing 128
+  const void* q_norm = nullptr;  // [head_dim] of the activation dtype, or null: no per-head norm
+  const void* k_norm = nullptr;
+  float eps = 0.0f;
+  const int32_t* positions = nullptr;  // [M] i32, device
+  const float* inv_freq = nullptr;     // [head_dim / 2] f32, device
+  bool rope_interleaved = false;       // pairs (2i, 2i+1) instead of (i, i + head_dim / 2)
+  float* q_out = nullptr;              // [M, num_heads * head_dim] f32
+  float* k_out = nullptr;              // [M, num_kv_heads * head_dim] f32
+  float* v_out = nullptr;              // [M, num_kv_heads * head_dim] f32
+};
+
 struct W4A16Options {
   W4A16Strategy strategy = W4A16Strategy::automatic;
   int split_k = 0;  // 0: chosen from the shape and SM count
@@ -167,6 +184,11 @@ struct W4A16Options {
   const void* x_norm_weight = nullptr;
   const float* x_norm_row_sq = nullptr;
   float x_norm_eps = 0.0f;
+  // A decode step's q/k norm, RoPE and widening to fp32, done by the QKV
+  // GEMM's epilogue instead of a kernel of its own (gemv strategy only;
+  // with or without x_norm_weight, not with residual_row_sq): y is not
+  // written, the attention inputs are (W4A16AttentionInputs).
+  const W4A16AttentionInputs* attention_inputs = nullptr;
 };
 
 // W4A16Options::residual_row_sq of an N-column GEMM: blocks of 128 columns
