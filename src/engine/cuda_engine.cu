@@ -318,10 +318,23 @@ void CudaEngine::tune_decode_gemms() {
         std::snprintf(cell, sizeof cell, "%s%s %.1f us", line.back() == ' ' ? "" : ", ", name.c_str(), us);
         line += cell;
       }
-      const W4A16Plan plan = w4a16_plan(1, *d->w4, t.best);
+      // A layer's GEMMs absorb their neighbouring kernels only when they run
+      // the gemv strategy (the SiLU, the add + RMSNorm, the q/k norm + RoPE:
+      // ~2-5 us each in a replayed step), so a gemv plan within
+      // kFusionMarginUs of the fastest is taken (Qwen3-14B's o projection:
+      // wgmma 15.0 us, gemv 15.1 us).
+      constexpr double kFusionMarginUs = 1.0;
+      const bool fusing = options_.fuse_silu_into_down || options_.fuse_norms_into_gemms ||
+                          options_.fuse_attention_inputs_into_qkv;
+      W4A16Options chosen = t.best;
+      if (fusing && d != &model_.lm_head && t.best.strategy != W4A16Strategy::gemv && t.fastest_gemv_us > 0 &&
+          t.fastest_gemv_us <= t.best_us + kFusionMarginUs)
+        chosen = t.fastest_gemv;
+      const W4A16Plan plan = w4a16_plan(1, *d->w4, chosen);
       line += std::string(" -> ") + w4a16_strategy_name(plan.strategy) + " split " + std::to_string(plan.split_k);
+      if (chosen.strategy != t.best.strategy) line += " (gemv within 1 us: it fuses its neighbours)";
       decode_gemm_choices_.push_back(line);
-      it = by_shape.emplace(key, t.best).first;
+      it = by_shape.emplace(key, chosen).first;
     }
     decode_gemm_[d] = it->second;
   }

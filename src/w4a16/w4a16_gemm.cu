@@ -951,7 +951,12 @@ W4A16Tuning w4a16_tune(const W4A16Weights& w, int64_t M, W4A16Workspace& workspa
       best_us = us;
       tuning.best = options;
     }
+    if (options.strategy == W4A16Strategy::gemv && (tuning.fastest_gemv_us == 0 || us < tuning.fastest_gemv_us)) {
+      tuning.fastest_gemv_us = us;
+      tuning.fastest_gemv = options;
+    }
   }
+  tuning.best_us = best_us;
   LOWBIT_CUDA_CHECK(cudaStreamSynchronize(stream));
   return tuning;
 }

@@ -218,6 +218,11 @@ void w4a16_gemm(const TensorView& x, const W4A16Weights& w, const TensorView& y,
 struct W4A16Tuning {
   W4A16Options best;
   std::vector<std::pair<std::string, double>> candidates;
+  double best_us = 0;
+  // The fastest gemv candidate (M <= 8; else fastest_gemv_us stays 0): a
+  // caller that fuses neighbouring work into gemv GEMMs may prefer it.
+  W4A16Options fastest_gemv;
+  double fastest_gemv_us = 0;
 };
 
 // Times, for M rows on w's device, the plan `auto` picks and the gemv
