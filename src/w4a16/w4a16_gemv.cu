@@ -28,6 +28,11 @@
 //     block cluster's distributed shared memory instead, for splits up to 8,
 //     measured the same or up to 23% slower on the H100: cluster launches
 //     constrain where CTAs run.)
+//   - For the decode step, instances that also read x through RMSNorm, add
+//     y to the residual, or make the attention inputs instead of y
+//     (GemvIo, W4A16Options): each is its own instance, and the epilogues
+//     are out of line, because at 48 registers any of that code changed the
+//     allocation of the others' k-loop.
 //   - Launched with programmatic dependent launch (lowbit/cuda/pdl.cuh): the
 //     first stages' weights and scales are requested before waiting for the
 //     previous kernel; x, y and the workspace only after.
@@ -188,7 +193,9 @@ __device__ __forceinline__ void fused_epilogue(const OutputArgs& a, const float 
   const int elements = rows * kCols;  // [row][column of the block]
   float* red = reinterpret_cast<float*>(smem) + kEpilogueFloats;
   early();
-  // The plain kernel's split-K sum (see there), the epilogue's 4 KB beside the partials.
+  // A copy of the plain kernel's split-K sum (see there), with the
+  // epilogue's 4 KB beside the partials. The plain kernel calling one shared
+  // function instead changed its k-loop (149 SASS instructions, not 139).
   float* mine = a.partial + (static_cast<int64_t>(a.split) * kGemvRowsPerPass) * a.N_pad;
   for_each_output([&](int row, int col, float v) { __stcg(mine + static_cast<int64_t>(row) * a.N_pad + col, v); });
   __threadfence();

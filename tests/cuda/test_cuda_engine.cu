@@ -224,6 +224,27 @@ TEST(CudaEngine, TunedDecodeGemmsListTheirChoiceAndAgree) {
     EXPECT_LE(max_rel_error(out[1][step], out[0][step]), test::kCudaEngineBatchRelError) << "step " << step;
 }
 
+// The logits' f16 bits of `steps` steps of a new sequence of e: the prompt
+// {3, 14, 15, 92, 65} (a prefill of 5 rows), then one token per step, the
+// same tokens whatever the logits (20, 27, 34, ...), so that two engines
+// can be compared step by step.
+std::vector<std::vector<uint16_t>> prompt_and_decode_bits(CudaEngine& e, int steps) {
+  std::vector<std::vector<uint16_t>> out;
+  const int seq = e.add_sequence();
+  std::vector<int32_t> tokens = {3, 14, 15, 92, 65};
+  for (int step = 0; step < steps; ++step) {
+    const int64_t n = static_cast<int64_t>(tokens.size());
+    const std::vector<StepRow> rows = {{seq, e.extend(seq, n), n}};
+    e.step(rows, tokens, false);
+    LOWBIT_CUDA_CHECK(cudaStreamSynchronize(e.stream()));
+    std::vector<uint16_t> bits(static_cast<size_t>(e.model().config.vocab));
+    Buffer::copy(bits.data(), Device::cpu, e.logits().data, Device::cuda, bits.size() * 2);
+    out.push_back(std::move(bits));
+    tokens = {static_cast<int32_t>(20 + 7 * step)};
+  }
+  return out;
+}
+
 // Single-row steps whose down projection runs the gemv strategy read the
 // SiLU inside it (fuse_silu_into_down): the logits are the bits of the same
 // engine with the SiLU kernel separate, at every decode step; a prefill (5
@@ -241,23 +262,8 @@ TEST(CudaEngine, SiluFusedIntoTheDownProjectionGivesTheSameBits) {
     CudaEngine separate(device_model, options);
     EXPECT_TRUE(fused.silu_fused_into_down());
     EXPECT_FALSE(separate.silu_fused_into_down());
-    std::vector<std::vector<uint16_t>> out[2];
-    CudaEngine* engines[2] = {&fused, &separate};
-    for (int k = 0; k < 2; ++k) {
-      CudaEngine& e = *engines[k];
-      const int seq = e.add_sequence();
-      std::vector<int32_t> tokens = {3, 14, 15, 92, 65};
-      for (int step = 0; step < 5; ++step) {
-        const int64_t n = static_cast<int64_t>(tokens.size());
-        const std::vector<StepRow> rows = {{seq, e.extend(seq, n), n}};
-        e.step(rows, tokens, false);
-        LOWBIT_CUDA_CHECK(cudaStreamSynchronize(e.stream()));
-        std::vector<uint16_t> bits(static_cast<size_t>(model.config.vocab));
-        Buffer::copy(bits.data(), Device::cpu, e.logits().data, Device::cuda, bits.size() * 2);
-        out[k].push_back(bits);
-        tokens = {static_cast<int32_t>(20 + 7 * step)};
-      }
-    }
+    const std::vector<std::vector<uint16_t>> out[2] = {prompt_and_decode_bits(fused, 5),
+                                                       prompt_and_decode_bits(separate, 5)};
     for (size_t step = 0; step < out[0].size(); ++step)
       EXPECT_EQ(out[0][step], out[1][step]) << architecture_name(arch) << " step " << step;
   }
@@ -291,23 +297,12 @@ TEST(CudaEngine, NormsFusedIntoTheGemmsAgreeWithTheNormKernels) {
     const int cs = cpu->add_sequence();
     std::vector<std::vector<float>> out[2];
     CudaEngine* engines[2] = {&fused, &separate};
-    for (int k = 0; k < 2; ++k) {
-      CudaEngine& e = *engines[k];
-      const int seq = e.add_sequence();
-      std::vector<int32_t> tokens = {3, 14, 15, 92, 65};
-      for (int step = 0; step < 6; ++step) {
-        const int64_t n = static_cast<int64_t>(tokens.size());
-        const std::vector<StepRow> rows = {{seq, e.extend(seq, n), n}};
-        e.step(rows, tokens, false);
-        LOWBIT_CUDA_CHECK(cudaStreamSynchronize(e.stream()));
-        std::vector<uint16_t> bits(static_cast<size_t>(model.config.vocab));
-        Buffer::copy(bits.data(), Device::cpu, e.logits().data, Device::cuda, bits.size() * 2);
+    for (int k = 0; k < 2; ++k)
+      for (const std::vector<uint16_t>& bits : prompt_and_decode_bits(*engines[k], 6)) {
         std::vector<float> row(bits.size());
         for (size_t i = 0; i < bits.size(); ++i) row[i] = f16_to_float(f16::from_bits(bits[i]));
         out[k].push_back(row);
-        tokens = {static_cast<int32_t>(20 + 7 * step)};
       }
-    }
     std::vector<int32_t> tokens = {3, 14, 15, 92, 65};
     for (size_t step = 0; step < out[0].size(); ++step) {
       std::vector<float> want;
@@ -343,23 +338,8 @@ TEST(CudaEngine, AttentionInputsFromTheQkvGemmGiveTheSameBits) {
         CudaEngine separate(device_model, options);
         EXPECT_TRUE(fused.attention_inputs_fused_into_qkv());
         EXPECT_FALSE(separate.attention_inputs_fused_into_qkv());
-        std::vector<std::vector<uint16_t>> out[2];
-        CudaEngine* engines[2] = {&fused, &separate};
-        for (int k = 0; k < 2; ++k) {
-          CudaEngine& e = *engines[k];
-          const int seq = e.add_sequence();
-          std::vector<int32_t> tokens = {3, 14, 15, 92, 65};
-          for (int step = 0; step < 5; ++step) {
-            const int64_t n = static_cast<int64_t>(tokens.size());
-            const std::vector<StepRow> rows = {{seq, e.extend(seq, n), n}};
-            e.step(rows, tokens, false);
-            LOWBIT_CUDA_CHECK(cudaStreamSynchronize(e.stream()));
-            std::vector<uint16_t> bits(static_cast<size_t>(model.config.vocab));
-            Buffer::copy(bits.data(), Device::cpu, e.logits().data, Device::cuda, bits.size() * 2);
-            out[k].push_back(bits);
-            tokens = {static_cast<int32_t>(20 + 7 * step)};
-          }
-        }
+        const std::vector<std::vector<uint16_t>> out[2] = {prompt_and_decode_bits(fused, 5),
+                                                           prompt_and_decode_bits(separate, 5)};
         for (size_t step = 0; step < out[0].size(); ++step) EXPECT_EQ(out[0][step], out[1][step]) << "step " << step;
       }
 }
