@@ -446,7 +446,7 @@ bool CudaEngine::down_fuses_silu(const DeviceLinear& down, int64_t M) const {
 
 bool CudaEngine::fuses_norm(const DeviceLinear& producer, const DeviceLinear& consumer, int64_t M) const {
   return options_.fuse_norms_into_gemms && M == 1 && producer.w4 && consumer.w4 && !consumer.w4->act_order() &&
-         consumer.K % 8 == 0 && single_row_options(producer).strategy == W4A16Strategy::gemv &&
+         single_row_options(producer).strategy == W4A16Strategy::gemv &&
          single_row_options(consumer).strategy == W4A16Strategy::gemv;
 }
 
@@ -652,11 +652,11 @@ void CudaEngine::launch(const int32_t* d_tokens) {
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const DeviceLayer& L = model_.layers[static_cast<size_t>(l)];
     const DeviceLayer* next = l + 1 < c.num_layers ? &model_.layers[static_cast<size_t>(l + 1)] : nullptr;
-    // The add + RMSNorm before this layer's qkv GEMM: done by the previous
+    // The add + RMSNorm before this layer's qkv GEMM is done by the previous
     // down GEMM and this one, or by the kernel at the end of the last layer.
-    // q/k norm (Qwen3), RoPE and the widening to the fp32 q/k/v that the KV
-    // kernels take (they quantize and rotate in fp32): in the QKV GEMM's
-    // epilogue or in one launch after it.
+    // The q/k norm (Qwen3), RoPE and the widening to the fp32 q/k/v that the
+    // KV kernels take (they quantize and rotate in fp32) are done in the QKV
+    // GEMM's epilogue, or in one launch after it.
     const bool norm_in_qkv = l > 0 && fuses_norm(model_.layers[static_cast<size_t>(l - 1)].down, L.qkv, M);
     const bool prep_in_qkv = qkv_makes_attention_inputs(L.qkv, M);
     W4A16AttentionInputs inputs;
