@@ -187,7 +187,8 @@ struct W4A16Options {
   // A decode step's q/k norm, RoPE and widening to fp32, done by the QKV
   // GEMM's epilogue instead of a kernel of its own (gemv strategy only;
   // with or without x_norm_weight, not with residual_row_sq): y is not
-  // written, the attention inputs are (W4A16AttentionInputs).
+  // written (it must still be a valid [M, N] tensor), the attention inputs
+  // are (W4A16AttentionInputs; its pointers are device memory).
   const W4A16AttentionInputs* attention_inputs = nullptr;
 };
 
