@@ -81,8 +81,9 @@ void add_model_run_options(CLI::App& cmd, ModelRunOptions& o) {
   cmd.add_flag("--tune-gemms", o.tune_gemms,
                "CUDA: time the 4-bit GEMM kernels per layer shape when the model is loaded (a few ms each) and "
                "decode single sequences with the fastest; where the GEMMs get the decode kernel, they also "
-               "read the SiLU and do the residual add + RMSNorm themselves (faster; the last bits of the logits "
-               "may then differ from run to run)");
+               "read the SiLU, do the residual add + RMSNorm and the q/k norm + RoPE themselves (faster; the "
+               "logits may then differ in the last bits from run to run, and from the same sequence decoded in a "
+               "batch: with a 4-bit KV cache such a difference can move a cache code)");
 }
 
 fs::path model_path(const ModelRunOptions& o) {

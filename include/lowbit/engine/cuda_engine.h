@@ -125,7 +125,8 @@ struct CudaEngineOptions {
   // (W4A16Options::residual_row_sq, x_norm_weight): no add + RMSNorm
   // kernel between them, two launches fewer per layer. The norm's sum is
   // taken in another order, so logits agree with the separate kernels to
-  // rounding, not bit for bit.
+  // rounding, not bit for bit (with a 4-bit KV cache a one-ulp difference
+  // can move a cache code: docs/engine.md, v10).
   bool fuse_norms_into_gemms = true;
   // When a single-row QKV projection runs the gemv strategy and head_dim
   // divides 128, its epilogue does the q/k norm, RoPE and widening of
