@@ -279,6 +279,7 @@ CudaEngine::CudaEngine(const DeviceModel& model, const CudaEngineOptions& option
   kc.k_format = options.k_format;
   kc.v_format = options.v_format;
   kc.rotation_seed_base = options.rotation_seed;
+  kc.rotation = options.rotation;
   LOWBIT_REQUIRE(c.num_heads / c.num_kv_heads <= kv::kDeviceMaxGroup, "the CUDA attention takes at most ",
                  kv::kDeviceMaxGroup, " query heads per KV head; this model has ",
                  c.num_heads / c.num_kv_heads);
@@ -456,6 +457,13 @@ bool CudaEngine::qkv_makes_attention_inputs(const DeviceLinear& qkv, int64_t M) 
          single_row_options(qkv).strategy == W4A16Strategy::gemv;
 }
 
+bool CudaEngine::qkv_appends_kv(const DeviceLinear& qkv, int64_t M) const {
+  const kv::KvCacheConfig& kc = cache_->config();
+  const bool quantized = kv::is_quantized(kc.k_format) || kv::is_quantized(kc.v_format);
+  return options_.fuse_kv_append_into_qkv && qkv_makes_attention_inputs(qkv, M) &&
+         (kc.head_dim == 64 || kc.head_dim == 128) && (!quantized || kc.rotation == kv::RotationKind::hadamard);
+}
+
 void CudaEngine::linear(const DeviceLinear& w, const void* x, int64_t M, void* y, const LinearFusion& fusion) {
   if (w.w4) {
     W4A16Options options = M == 1 ? single_row_options(w) : W4A16Options{};
@@ -476,15 +484,18 @@ void CudaEngine::linear(const DeviceLinear& w, const void* x, int64_t M, void* y
 }
 
 void CudaEngine::attention_layer(int layer, std::span<const StepRow> rows,
-                                 const kv::DeviceBlockTables& tables, int64_t M) {
+                                 const kv::DeviceBlockTables& tables, int64_t M, bool kv_appended) {
   const ModelConfig& c = model_.config;
   const int hq = static_cast<int>(c.num_heads);
   const bool decode = static_cast<int64_t>(rows.size()) == M;  // one token per row
   // The attention output goes straight to fp16 (the o projection's input).
   kv::DeviceDecodeOptions options;
   if (decode) {
-    kv::device_append_tokens(*cache_, layer, tables, k32_.as<float>(), v32_.as<float>(), stream_);
-    mark("KV append");
+    if (!kv_appended) {
+      kv::device_append_tokens(*cache_, layer, tables, k32_.as<float>(), v32_.as<float>(), stream_);
+      mark("KV append");
+    }
+    options.queries_rotated = kv_appended && kv::is_quantized(cache_->config().k_format);
     options.out_f16 = attn_.data();
     options.plan_length = plan_length_;
     kv::device_decode_attention(*cache_, layer, tables, hq, q32_.as<float>(), nullptr, attention_workspace_, options,
@@ -659,7 +670,9 @@ void CudaEngine::launch(const int32_t* d_tokens) {
     // GEMM's epilogue, or in one launch after it.
     const bool norm_in_qkv = l > 0 && fuses_norm(model_.layers[static_cast<size_t>(l - 1)].down, L.qkv, M);
     const bool prep_in_qkv = qkv_makes_attention_inputs(L.qkv, M);
+    const bool kv_in_qkv = qkv_appends_kv(L.qkv, M);
     W4A16AttentionInputs inputs;
+    kv::KvAppendTarget kv_target;
     if (prep_in_qkv) {
       inputs.num_heads = c.num_heads;
       inputs.num_kv_heads = c.num_kv_heads;
@@ -673,11 +686,23 @@ void CudaEngine::launch(const int32_t* d_tokens) {
       inputs.q_out = q32_.as<float>();
       inputs.k_out = k32_.as<float>();
       inputs.v_out = v32_.as<float>();
+      if (kv_in_qkv) {
+        kv_target = kv::device_append_target(*cache_, static_cast<int>(l), tables_);
+        inputs.kv_append = &kv_target;
+        if (kv::is_quantized(cache_->config().k_format)) {
+          inputs.q_rotation_signs = cache_->hadamard_signs(static_cast<int>(l));
+          inputs.q_scale = kv::decode_query_scale(cache_->config(), {});
+        }
+      }
     }
     linear(L.qkv, norm_in_qkv ? residual_.data() : normed_.data(), M, qkv_.data(),
            {.x_norm = norm_in_qkv ? &L.attn_norm : nullptr, .attention_inputs = prep_in_qkv ? &inputs : nullptr});
-    mark(norm_in_qkv ? (prep_in_qkv ? "RMSNorm + qkv GEMM + q/k norm + RoPE" : "RMSNorm + qkv GEMM")
-                     : (prep_in_qkv ? "qkv GEMM + q/k norm + RoPE" : "qkv GEMM"));
+    mark(norm_in_qkv ? (kv_in_qkv     ? "RMSNorm + qkv GEMM + q/k norm + RoPE + KV append"
+                        : prep_in_qkv ? "RMSNorm + qkv GEMM + q/k norm + RoPE"
+                                      : "RMSNorm + qkv GEMM")
+                     : (kv_in_qkv     ? "qkv GEMM + q/k norm + RoPE + KV append"
+                        : prep_in_qkv ? "qkv GEMM + q/k norm + RoPE"
+                                      : "qkv GEMM"));
     if (!prep_in_qkv) {
       const TensorView q_norm = dev(L.q_norm.data(), DType::f16, {c.head_dim});
       const TensorView k_norm = dev(L.k_norm.data(), DType::f16, {c.head_dim});
@@ -689,7 +714,7 @@ void CudaEngine::launch(const int32_t* d_tokens) {
                                    dev(v32_.data(), DType::f32, {M, c.kv_dim()}), stream_);
       mark("q/k norm + RoPE + fp32");
     }
-    attention_layer(static_cast<int>(l), rows_, tables_, M);
+    attention_layer(static_cast<int>(l), rows_, tables_, M, kv_in_qkv);
     if (fuses_norm(L.o, L.gate_up, M)) {
       linear(L.o, attn_.data(), M, residual_.data(), {.residual_out = true});
       mark("o GEMM + residual add");
@@ -875,6 +900,7 @@ class CudaBackend final : public Backend {
     o.max_sequences = kv.max_sequences;
     o.page_size = std::max(16, (kv.page_size + 15) / 16 * 16);
     o.rotation_seed = kv.rotation_seed;
+    o.rotation = kv.rotation;
     // LOWBIT_CUDA_GRAPHS=0: every decode step launched eagerly (to compare,
     // or to profile the kernels one by one).
     const char* graphs = std::getenv("LOWBIT_CUDA_GRAPHS");

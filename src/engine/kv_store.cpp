@@ -284,8 +284,9 @@ class PagedKvStore final : public KvStore {
   }
   std::string describe() const override {
     std::ostringstream s;
-    s << options_.describe() << " (paged, " << options_.page_size << " tokens per page, haar rotation seed "
-      << options_.rotation_seed << " + 1000 * layer)";
+    s << options_.describe() << " (paged, " << options_.page_size << " tokens per page, "
+      << kv::rotation_kind_name(options_.rotation) << " rotation seed " << options_.rotation_seed
+      << " + 1000 * layer)";
     return s.str();
   }
 
@@ -301,6 +302,7 @@ class PagedKvStore final : public KvStore {
     k.k_format = to_kv_format(o.k);
     k.v_format = to_kv_format(o.v);
     k.rotation_seed_base = o.rotation_seed;
+    k.rotation = o.rotation;
     k.validate();
     return k;
   }

@@ -116,6 +116,8 @@ void run_model_benchmark(const ModelBenchOptions& options) {
   for (const auto& w : options.weights)
     LOWBIT_REQUIRE(w == "fp16" || w == "w4", "--weights: '", w, "' is neither fp16 nor w4");
   for (const auto& k : options.kv) kv_format_named(k);
+  const auto rotation = kv::parse_rotation_kind(options.kv_rotation);
+  LOWBIT_REQUIRE(rotation.has_value(), "--kv-rotation: '", options.kv_rotation, "' is neither haar nor hadamard");
   const CudaDeviceInfo device = cuda_device_info(0);
   const double copy_GBps = measure_copy_bandwidth_GBps(0);
   std::printf("model: %s (%s)\ndevice: %s, %d SMs, copy bandwidth %.0f GB/s (read + write)\n",
@@ -127,7 +129,8 @@ void run_model_benchmark(const ModelBenchOptions& options) {
   std::vector<Result> results;
   std::mt19937 rng(1);
   for (const std::string& weights : options.weights) {
-    std::printf("\n== weights %s: making random weights on the device...\n", weights.c_str());
+    std::printf("\n== weights %s (KV rotation %s): making random weights on the device...\n", weights.c_str(),
+                options.kv_rotation.c_str());
     std::fflush(stdout);
     const DeviceModel model = DeviceModel::random(config, weights == "w4", 1234);
     const double weight_bytes = static_cast<double>(model.bytes_per_token());
@@ -143,6 +146,7 @@ void run_model_benchmark(const ModelBenchOptions& options) {
           eo.max_sequences = batch;
           eo.max_tokens = context + 1;
           eo.tune_decode_gemms = options.tune_gemms;
+          eo.rotation = *rotation;
           std::unique_ptr<CudaEngine> engine;
           try {
             size_t free_bytes = 0, total_bytes = 0;
@@ -161,6 +165,12 @@ void run_model_benchmark(const ModelBenchOptions& options) {
               std::printf("   single-row steps: q/k norm + RoPE %s\n", engine->attention_inputs_fused_into_qkv()
                                                                       ? "in the qkv GEMM's epilogue (gemv)"
                                                                       : "in a kernel of its own");
+              std::printf("   single-row steps: KV append + query rotation %s\n",
+                          engine->kv_append_fused_into_qkv()
+                              ? "in the qkv GEMM's epilogue (gemv)"
+                              : (eo.rotation == kv::RotationKind::haar && kv_name != "fp16"
+                                     ? "in kernels of their own (Haar rotation: --kv-rotation hadamard fuses them)"
+                                     : "in kernels of their own"));
               printed_choices = true;
             }
             std::vector<StepRow> rows;
@@ -206,7 +216,10 @@ void run_model_benchmark(const ModelBenchOptions& options) {
             if (json) {
               bench::BenchRow row{"model_decode",
                                   weights + "+" + kv_name,
-                                  {{"config", options.config}, {"batch", batch}, {"context", context}},
+                                  {{"config", options.config},
+                                   {"batch", batch},
+                                   {"context", context},
+                                   {"kv_rotation", options.kv_rotation}},
                                   decode,
                                   static_cast<uint64_t>(weight_bytes + kv_read),
                                   std::nullopt,

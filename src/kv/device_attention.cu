@@ -61,12 +61,17 @@
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/pdl.cuh"
 #include "lowbit/kv/device_cache.h"
+#include "lowbit/kv/hadamard_warp.cuh"
 
 namespace lowbit::kv {
 namespace {
 
 constexpr int kTile = 16;  // tokens per warp iteration: the n of two m16n8 score tiles, the k of one PV mma
 constexpr float kLog2e = 1.4426950408889634f;
+
+float softmax_scale_of(const KvCacheConfig& cfg, const DeviceDecodeOptions& options) {
+  return options.softmax_scale > 0.0f ? options.softmax_scale : 1.0f / std::sqrt(static_cast<float>(cfg.head_dim));
+}
 
 enum Fmt : int { kTq4 = 0, kTq3 = 1, kTq2 = 2, kFp16 = 3 };
 
@@ -89,7 +94,11 @@ struct AttnArgs {
   int prefill_row;  // -1: decode (row r = sequence r, length lengths[r]); else prefill of that row
   int64_t first_pos;
   const float* q;  // [rows][num_q_heads][d]: rotated and scaled when queries_rotated, else as given
-  bool queries_rotated;  // the rotation kernel ran just before (quantized K)
+  bool queries_rotated;  // q is rotated and scaled (quantized K): by the kernel just before, or by the caller
+  // The kernel just before this one wrote each row's newest token (the
+  // caller's kernel made q and appended the K/V, DeviceDecodeOptions::
+  // queries_rotated): the chunk holding it is read only after the wait.
+  bool newest_token_fresh;
   float q_scale;         // applied to q here: 1, or softmax_scale * log2(e) when not rotated
   int64_t split_tokens;
   int max_splits;
@@ -484,10 +493,12 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32, Til
     if (issued < n_my) issue_page = table[issue_page_index];
   };
   uint32_t* lut_fill = reinterpret_cast<uint32_t*>(smem);
-  if (a.queries_rotated) {
+  if (a.queries_rotated && !(a.newest_token_fresh && t1 == len)) {
     // The rotation kernel before this one waited for the kernel that wrote
     // the K/V pages: they are complete, so their loads go out first and the
-    // tables and the query fragments below overlap with them.
+    // tables and the query fragments below overlap with them. (When the
+    // kernel before this one made the queries and appended the newest token
+    // itself, every chunk but the row's last is complete too.)
 #pragma unroll
     for (int i = 0; i < S - 1; ++i) {
       if (i < n_my) issue();
@@ -499,7 +510,8 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32, Til
   } else {
     // fp16 K: no rotation kernel, the queries are scaled here, and the
     // previous kernel may be the one appending the token this call attends
-    // to: nothing of the cache is read before the wait.
+    // to (also the case for the last chunk above): nothing of the cache is
+    // read before the wait.
     if (quantized(KF)) fill_lut<kRowWords>(lut_fill, KF, a.k_centroids);
     if (quantized(VF) && VF != KF) fill_lut<kRowWords>(lut_fill + lut_entries(KF) * kRowWords, VF, a.v_centroids);
     cuda::pdl_wait();
@@ -701,13 +713,33 @@ __global__ void __launch_bounds__(kRotThreads<D>) rotate_queries_kernel(const fl
   }
 }
 
-// out[row][qh] = sum_c 2^(lse_c - M) o_c / sum_c 2^(lse_c - M) over the row's
-// chunks, then @ M^T when V is rotated. In place when part_out == out (one chunk).
+// The same for a Hadamard rotation (hadamard_warp.cuh): one warp per query
+// head of the group, the d signs instead of the 64 KB of M.
 template <int D>
-__global__ void __launch_bounds__(kRotThreads<D>) merge_kernel(AttnArgs a, const float* mt, float* out,
-                                                               __half* out16) {
+__global__ void __launch_bounds__(32 * kDeviceMaxGroup)
+    rotate_queries_hadamard_kernel(const float* q, const float* signs, float* out, int num_q_heads, int group,
+                                   float scale_log2) {
+  cuda::pdl_wait();
+  cuda::pdl_launch_dependents();
+  const int r = blockIdx.x, h = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (warp >= group) return;
+  const int64_t base = (static_cast<int64_t>(r) * num_q_heads + h * group + warp) * D;
+  float v[D / 32];
+#pragma unroll
+  for (int u = 0; u < D / 32; ++u) v[u] = q[base + lane + 32 * u];
+  hadamard_rotate_warp<D>(v, signs, scale_log2);
+#pragma unroll
+  for (int u = 0; u < D / 32; ++u) out[base + lane + 32 * u] = v[u];
+}
+
+// out[row][qh] = sum_c 2^(lse_c - M) o_c / sum_c 2^(lse_c - M) over the row's
+// chunks, then @ M^T when V is rotated (mt; or, for a Hadamard rotation, by
+// its signs). In place when part_out == out (one chunk).
+template <int D>
+__global__ void __launch_bounds__(kRotThreads<D>) merge_kernel(AttnArgs a, const float* mt, const float* signs,
+                                                               float* out, __half* out16) {
   float mslice[D / 4];  // the constant un-rotation, requested before waiting
-  if (mt != nullptr) load_matrix_slice<D>(mt, mslice);
+  if (mt != nullptr && signs == nullptr) load_matrix_slice<D>(mt, mslice);
   cuda::pdl_wait();
   // The next kernel (the engine's o projection, a W4A16 GEMM) is launched
   // now and requests its first weights while this one merges: without the
@@ -774,6 +806,17 @@ __global__ void __launch_bounds__(kRotThreads<D>) merge_kernel(AttnArgs a, const
   };
   if (mt == nullptr) {
     for (int t = threadIdx.x; t < a.group * D; t += kRotThreads<D>) store(t, ys[t / D][t % D]);
+    return;
+  }
+  if (signs != nullptr) {  // kRotThreads<D> / 32 >= 8 warps: one per head of the group
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (warp >= a.group) return;
+    float v[D / 32];
+#pragma unroll
+    for (int u = 0; u < D / 32; ++u) v[u] = ys[warp][lane + 32 * u];
+    hadamard_unrotate_warp<D>(v, signs);
+#pragma unroll
+    for (int u = 0; u < D / 32; ++u) store(warp * D + lane + 32 * u, v[u]);
     return;
   }
   small_matmul<D>(ys, mslice, a.group, red);
@@ -941,22 +984,31 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
   const int max_splits = static_cast<int>((max_length + split - 1) / split);
   LOWBIT_CHECK_ARG(max_splits <= 65535, "split_tokens", split, "at most 65535 chunks per row");
   const int d = cfg.head_dim;
-  const float scale = options.softmax_scale > 0.0f ? options.softmax_scale : 1.0f / std::sqrt(static_cast<float>(d));
+  const float scale = softmax_scale_of(cfg, options);
 
   const size_t q_floats = static_cast<size_t>(rows) * num_q_heads * d;
   const bool k_rot = is_quantized(cfg.k_format), v_rot = is_quantized(cfg.v_format);
+  LOWBIT_CHECK_ARG(!options.queries_rotated || (k_rot && prefill_row < 0), "queries_rotated", "true",
+                   "false for fp16 K and for prefill (decode queries against quantized K only)");
   // Quantized K: q' = q @ M by a kernel of its own (rotating inside each
   // attention CTA instead, 64 KB of M read per CTA, measured 3-4 us slower
   // for tq4 K/V at batch 1 and 8). fp16 K: the attention kernel scales q
   // itself, one launch fewer (2-3 us at batch 1).
-  float* q_rot = k_rot ? ws.q_rotated(q_floats) : nullptr;
-  if (k_rot) {
+  // DeviceDecodeOptions::queries_rotated: the caller's kernel did it.
+  const bool rotate_here = k_rot && !options.queries_rotated;
+  const float* signs = cache.hadamard_signs(layer);
+  float* q_rot = rotate_here ? ws.q_rotated(q_floats) : nullptr;
+  if (rotate_here && signs != nullptr) {
+    auto kernel = d == 64 ? rotate_queries_hadamard_kernel<64> : rotate_queries_hadamard_kernel<128>;
+    cuda::launch_with_pdl(kernel, dim3(rows, H), dim3(32 * kDeviceMaxGroup), 0, stream, q, signs, q_rot,
+                          num_q_heads, group, decode_query_scale(cfg, options));
+  } else if (rotate_here) {
     if (d == 64)
       cuda::launch_with_pdl(rotate_queries_kernel<64>, dim3(rows, H), dim3(kRotThreads<64>), 0, stream, q,
-                            cache.rotation(layer), q_rot, num_q_heads, group, scale * kLog2e);
+                            cache.rotation(layer), q_rot, num_q_heads, group, decode_query_scale(cfg, options));
     else
       cuda::launch_with_pdl(rotate_queries_kernel<128>, dim3(rows, H), dim3(kRotThreads<128>), 0, stream, q,
-                            cache.rotation(layer), q_rot, num_q_heads, group, scale * kLog2e);
+                            cache.rotation(layer), q_rot, num_q_heads, group, decode_query_scale(cfg, options));
   }
 
   AttnArgs a{};
@@ -971,8 +1023,9 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
   a.lengths = tables.lengths.as<const int32_t>();
   a.prefill_row = prefill_row;
   a.first_pos = first_pos;
-  a.q = k_rot ? q_rot : q;
+  a.q = rotate_here ? q_rot : q;
   a.queries_rotated = k_rot;
+  a.newest_token_fresh = options.queries_rotated;
   a.q_scale = k_rot ? 1.0f : scale * kLog2e;
   a.split_tokens = split;
   a.max_splits = max_splits;
@@ -990,18 +1043,25 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
     for (size_t i = 0; i < c.size(); ++i) dst[i] = c[i];
   }
   const float* mt = v_rot ? cache.rotation_t(layer) : nullptr;
+  const float* v_signs = v_rot ? signs : nullptr;
   __half* out16 = static_cast<__half*>(options.out_f16);
   const dim3 grid(max_splits, H, rows);
   if (d == 64) {
     dispatch<64>(fmt_of(cfg.k_format), fmt_of(cfg.v_format), plan.wide, a, grid, stream);
-    cuda::launch_with_pdl(merge_kernel<64>, dim3(rows, H), dim3(kRotThreads<64>), 0, stream, a, mt, out, out16);
+    cuda::launch_with_pdl(merge_kernel<64>, dim3(rows, H), dim3(kRotThreads<64>), 0, stream, a, mt, v_signs, out,
+                          out16);
   } else {
     dispatch<128>(fmt_of(cfg.k_format), fmt_of(cfg.v_format), plan.wide, a, grid, stream);
-    cuda::launch_with_pdl(merge_kernel<128>, dim3(rows, H), dim3(kRotThreads<128>), 0, stream, a, mt, out, out16);
+    cuda::launch_with_pdl(merge_kernel<128>, dim3(rows, H), dim3(kRotThreads<128>), 0, stream, a, mt, v_signs, out,
+                          out16);
   }
 }
 
 }  // namespace
+
+float decode_query_scale(const KvCacheConfig& config, const DeviceDecodeOptions& options) {
+  return softmax_scale_of(config, options) * kLog2e;
+}
 
 int64_t decode_split_tokens(const KvCacheConfig& config, int rows, int64_t max_length, int sm_count) {
   return plan_decode(config, rows, max_length, sm_count, 0).split_tokens;

@@ -66,6 +66,16 @@ DeviceKvCache::DeviceKvCache(const KvCacheConfig& config) : config_(config) {
       signs_.emplace_back();
     }
   }
+  std::vector<float> books(64, 0.0f);
+  for (int p = 0; p < 2; ++p) {
+    const VectorQuantizer* q = p == 0 ? k_quantizer_.get() : v_quantizer_.get();
+    if (q == nullptr) continue;
+    const Codebook& book = q->codebook();
+    std::copy(book.boundaries_f32.begin(), book.boundaries_f32.end(), books.begin() + 32 * p);
+    std::copy(book.centroids_f32.begin(), book.centroids_f32.end(), books.begin() + 32 * p + 16);
+  }
+  codebooks_ = Buffer(books.size() * 4, Device::cuda);
+  Buffer::copy(codebooks_.data(), Device::cuda, books.data(), Device::cpu, books.size() * 4);
 }
 
 namespace {
@@ -90,6 +100,9 @@ const float* DeviceKvCache::rotation_t(int layer) const {
 const float* DeviceKvCache::hadamard_signs(int layer) const {
   check_layer_index(layer, config_.num_layers);
   return signs_[static_cast<size_t>(layer)].as<const float>();
+}
+const float* DeviceKvCache::device_codebook(KvPart part) const {
+  return codebooks_.as<const float>() + (part == KvPart::key ? 0 : 32);
 }
 
 void DeviceKvCache::upload(const PagedKvCache& host) {
@@ -484,6 +497,40 @@ void launch_write(const DeviceKvCache& cache, int layer, const DeviceBlockTables
 }
 
 }  // namespace
+
+KvAppendTarget device_append_target(const DeviceKvCache& cache, int layer, const DeviceBlockTables& tables) {
+  const KvCacheConfig& c = cache.config();
+  const bool quantized_part = cache.quantizer(KvPart::key) != nullptr || cache.quantizer(KvPart::value) != nullptr;
+  if (quantized_part && c.rotation != RotationKind::hadamard)
+    throw Error(ErrorKind::unsupported,
+                "device_append_target: K/V quantized with Haar rotations are appended by device_append_tokens "
+                "(a 64 KB matrix per layer); a kernel's epilogue applies only the Hadamard rotation");
+  KvAppendTarget t;
+  t.pool = cache.pool(layer);
+  t.slab_bytes = cache.layout().bytes;
+  t.tables = tables.tables.as<const int32_t>();
+  t.table_stride = tables.stride;
+  t.lengths = tables.lengths.as<const int32_t>();
+  t.signs = cache.hadamard_signs(layer);
+  t.num_kv_heads = c.num_kv_heads;
+  t.page_size = c.page_size;
+  t.head_dim = c.head_dim;
+  t.renormalize = c.renormalize;
+  t.scale_f32 = c.scale_dtype == ScaleDType::f32;
+  for (KvPart part : {KvPart::key, KvPart::value}) {
+    const PartFormat f = part_format(cache, part);
+    KvAppendPart& p = t.part[part == KvPart::key ? 0 : 1];
+    p.bounds = cache.device_codebook(part);
+    p.centroids = p.bounds + 16;
+    p.rows_offset = f.rows_offset;
+    p.scales_offset = f.scales_offset;
+    p.row_bytes = static_cast<int32_t>(f.row_bytes);
+    p.scale_bytes = static_cast<int32_t>(f.scale_bytes);
+    p.bits = f.bits;
+    p.nbounds = f.nbounds;
+  }
+  return t;
+}
 
 void device_append_tokens(const DeviceKvCache& cache, int layer, const DeviceBlockTables& tables, const float* k,
                           const float* v, cudaStream_t stream) {

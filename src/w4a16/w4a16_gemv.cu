@@ -58,6 +58,8 @@
 #include "lowbit/core/error.h"
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/pdl.cuh"
+#include "lowbit/kv/append_warp.cuh"
+#include "lowbit/kv/hadamard_warp.cuh"
 #include "lowbit/ops/head_math.cuh"
 #include "lowbit/ops/silu.cuh"
 #include "w4a16_device.cuh"
@@ -283,6 +285,43 @@ __device__ __noinline__ void write_residual_outputs(const OutputArgs a, float* r
       });
 }
 
+// W4A16AttentionInputs::q_rotation_signs and kv_append, for the warp that
+// holds a finished head in shared memory (v, head_dim floats): the query's
+// Hadamard rotation and the K/V quantization of the decode attention's own
+// kernels (kv/hadamard_warp.cuh, kv/append_warp.cuh), so the bits are theirs.
+// v is reused as the append's scratch.
+template <int D>
+__device__ __forceinline__ void load_head(const float* v, float (&x)[D / 32]) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int u = 0; u < D / 32; ++u) x[u] = v[lane + 32 * u];
+  __syncwarp();  // every lane has read v before it is reused
+}
+__device__ __noinline__ void rotate_query_head(const AttentionInputsArgs& ai, float* v, float* out) {
+  const int lane = threadIdx.x % 32;
+  auto rotate = [&](auto dim_tag) {
+    constexpr int D = decltype(dim_tag)::value;
+    float x[D / 32];
+    load_head<D>(v, x);
+    kv::hadamard_rotate_warp<D>(x, ai.q_signs, ai.q_scale);
+#pragma unroll
+    for (int u = 0; u < D / 32; ++u) out[lane + 32 * u] = x[u];
+  };
+  if (ai.head_dim == 128) rotate(std::integral_constant<int, 128>{});
+  else rotate(std::integral_constant<int, 64>{});
+}
+__device__ __noinline__ void append_head_to_cache(const AttentionInputsArgs& ai, int part, int row, int kv_head,
+                                                  float* v) {
+  auto append = [&](auto dim_tag) {
+    constexpr int D = decltype(dim_tag)::value;
+    float x[D / 32];
+    load_head<D>(v, x);
+    kv::append_vector_warp<D>(ai.kv, part, row, kv_head, x, reinterpret_cast<uint8_t*>(v));
+  };
+  if (ai.head_dim == 128) append(std::integral_constant<int, 128>{});
+  else append(std::integral_constant<int, 64>{});
+}
+
 // W4A16Options::attention_inputs: the block's 128 columns are whole heads
 // (head_dim divides 128). The final values, rounded to T as the plain
 // kernel stores them, go to shared memory; then one warp per (row, head)
@@ -306,12 +345,17 @@ __device__ __noinline__ void write_attention_inputs(const OutputArgs a, const At
         const int hd = ai.head_dim, half = hd / 2;
         const int block_heads = min(kCols, a.N - block_col) / hd;
         auto round_to_t = [](float v) { return scalar_to_float(from_float<T>(v)); };
+#pragma unroll 1
         for (int task = warp; task < a.rows * block_heads; task += kWarps) {
           const int row = task / block_heads, j = task % block_heads;
           const int head = (block_col + j * hd) / hd;
           const int64_t token = a.m0 + row;
           float* v = values + row * kCols + j * hd;
           if (head >= ai.heads + ai.kv_heads) {  // v: widened as it is
+            if (ai.kv_append) {
+              append_head_to_cache(ai, 1, static_cast<int>(token), head - ai.heads - ai.kv_heads, v);
+              continue;
+            }
             float* out = ai.v_out + (token * ai.kv_heads + head - ai.heads - ai.kv_heads) * hd;
             for (int i = lane; i < hd; i += 32) out[i] = v[i];
             continue;
@@ -337,6 +381,14 @@ __device__ __noinline__ void write_attention_inputs(const OutputArgs a, const At
             v[p1] = round_to_t(y1);
           }
           __syncwarp();
+          if (is_q && ai.q_signs != nullptr) {
+            rotate_query_head(ai, v, ai.q_out + (token * ai.heads + head) * hd);
+            continue;
+          }
+          if (!is_q && ai.kv_append) {
+            append_head_to_cache(ai, 0, static_cast<int>(token), head - ai.heads, v);
+            continue;
+          }
           float* out = is_q ? ai.q_out + (token * ai.heads + head) * hd
                             : ai.k_out + (token * ai.kv_heads + head - ai.heads) * hd;
           for (int i = lane; i < hd; i += 32) out[i] = v[i];

@@ -56,9 +56,10 @@ struct Case {
   WeightMode weights;
   KvStorage kv;
   int64_t head_dim = 128;
+  kv::RotationKind rotation = kv::RotationKind::haar;
   std::string name() const {
     return std::string(architecture_name(arch)) + "_" + weight_mode_name(weights) + "_" + kv_storage_name(kv) + "_d" +
-           std::to_string(head_dim);
+           std::to_string(head_dim) + (rotation == kv::RotationKind::haar ? "" : "_hadamard");
   }
 };
 
@@ -80,6 +81,7 @@ TEST_P(CudaEngineVsCpu, PrefillAndDecodeLogitsAgree) {
   cpu_options.kv.k = cpu_options.kv.v = tc.kv;
   cpu_options.kv.max_tokens = 64;
   cpu_options.kv.page_size = 16;
+  cpu_options.kv.rotation = tc.rotation;
   auto cpu = make_cpu_backend(model, cpu_options);
   auto gpu = make_cuda_backend(model, cpu_options.kv, false);
   const int cs = cpu->add_sequence(), gs = gpu->add_sequence();
@@ -344,6 +346,52 @@ TEST(CudaEngine, AttentionInputsFromTheQkvGemmGiveTheSameBits) {
       }
 }
 
+// With a Hadamard cache, single-row steps whose QKV GEMM makes the attention
+// inputs also append K/V and rotate the queries there
+// (fuse_kv_append_into_qkv): the logits are the bits of the same engine
+// running the KV append and query rotation kernels, at every decode step
+// (replayed from CUDA graphs after the first), for K/V formats with and
+// without quantized parts, both head dimensions, with the norms fused or
+// not. With a Haar cache the fusion does not apply.
+TEST(CudaEngine, KvAppendFromTheQkvGemmGivesTheSameBits) {
+  LOWBIT_REQUIRE_GPU();
+  const std::pair<kv::KvFormat, kv::KvFormat> formats[] = {{kv::KvFormat::tq4, kv::KvFormat::tq4},
+                                                           {kv::KvFormat::tq3, kv::KvFormat::fp16},
+                                                           {kv::KvFormat::fp16, kv::KvFormat::fp16}};
+  for (Architecture arch : {Architecture::llama, Architecture::qwen3})
+    for (const int64_t head_dim : {128, 64})
+      for (const auto& [kf, vf] : formats) {
+        SCOPED_TRACE(testing::Message() << architecture_name(arch) << " head_dim " << head_dim << " K/V "
+                                        << kv::kv_format_name(kf) << "/" << kv::kv_format_name(vf));
+        const Model model = make_random_model(tiny_config(arch, head_dim), 31, WeightMode::w4, 0.08f);
+        const DeviceModel device_model = DeviceModel::upload(model, false);
+        CudaEngineOptions options;
+        options.max_tokens = 32;
+        options.page_size = 16;
+        options.k_format = kf;
+        options.v_format = vf;
+        options.rotation = kv::RotationKind::hadamard;
+        options.decode_gemm = W4A16Options{W4A16Strategy::gemv, 0};
+        options.fuse_norms_into_gemms = arch == Architecture::qwen3;
+        CudaEngine fused(device_model, options);
+        options.fuse_kv_append_into_qkv = false;
+        CudaEngine separate(device_model, options);
+        EXPECT_TRUE(fused.kv_append_fused_into_qkv());
+        EXPECT_FALSE(separate.kv_append_fused_into_qkv());
+        EXPECT_TRUE(separate.attention_inputs_fused_into_qkv());
+        // 20 decode steps: the rows cross a page boundary at 16 tokens.
+        const std::vector<std::vector<uint16_t>> out[2] = {prompt_and_decode_bits(fused, 20),
+                                                           prompt_and_decode_bits(separate, 20)};
+        for (size_t step = 0; step < out[0].size(); ++step) EXPECT_EQ(out[0][step], out[1][step]) << "step " << step;
+        if (kf != kv::KvFormat::fp16) {
+          CudaEngineOptions haar = options;
+          haar.rotation = kv::RotationKind::haar;
+          haar.fuse_kv_append_into_qkv = true;
+          EXPECT_FALSE(CudaEngine(device_model, haar).kv_append_fused_into_qkv());
+        }
+      }
+}
+
 // Decode steps replayed from a CUDA graph give the bits of eager steps: two
 // engines on one model, graphs on and off, fed the same tokens. The plan
 // length is 16 tokens, so the rows cross several plan lengths (a new capture
@@ -504,7 +552,11 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaEngineVsCpu,
                                            Case{Architecture::llama, WeightMode::dense, KvStorage::tq3},
                                            Case{Architecture::llama, WeightMode::dense, KvStorage::fp16, 64},
                                            Case{Architecture::llama, WeightMode::w4, KvStorage::tq4, 64},
-                                           Case{Architecture::qwen3, WeightMode::w4, KvStorage::tq3, 64}),
+                                           Case{Architecture::qwen3, WeightMode::w4, KvStorage::tq3, 64},
+                                           Case{Architecture::qwen3, WeightMode::w4, KvStorage::tq4, 128,
+                                                kv::RotationKind::hadamard},
+                                           Case{Architecture::llama, WeightMode::dense, KvStorage::tq3, 64,
+                                                kv::RotationKind::hadamard}),
                          [](const ::testing::TestParamInfo<Case>& info) { return info.param.name(); });
 
 }  // namespace

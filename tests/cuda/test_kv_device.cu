@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -226,13 +227,14 @@ TEST(KvDevice, WriteMatchesHostQuantizer) {
 // Device decode on a host-written cache vs paged_decode_attention_ref.
 void check_decode(KvFormat kf, KvFormat vf, int page_size, const std::vector<int64_t>& lens, int q_heads, int kv_heads,
                   int64_t split_tokens, DataKind data = DataKind::gaussian, ScaleDType scale = ScaleDType::f16,
-                  int cta_warps = 0, int head_dim = 128, int64_t plan_length = 0) {
+                  int cta_warps = 0, int head_dim = 128, int64_t plan_length = 0,
+                  RotationKind rotation = RotationKind::haar) {
   SCOPED_TRACE(name(kf, vf) + " P=" + std::to_string(page_size) + " split=" + std::to_string(split_tokens) +
                " heads " + std::to_string(q_heads) + "/" + std::to_string(kv_heads) +
                " cta_warps=" + std::to_string(cta_warps) + " d=" + std::to_string(head_dim) +
-               " plan_length=" + std::to_string(plan_length));
+               " plan_length=" + std::to_string(plan_length) + " " + rotation_kind_name(rotation));
   const KvCacheConfig c =
-      make_config(kf, vf, page_size, pages_for(lens, page_size), kv_heads, scale, RotationKind::haar, head_dim);
+      make_config(kf, vf, page_size, pages_for(lens, page_size), kv_heads, scale, rotation, head_dim);
   HostBatch hb(c, lens, data, 7 + static_cast<uint64_t>(page_size));
   DeviceKvCache dev(c);
   dev.upload(hb.cache);
@@ -263,6 +265,27 @@ void check_decode(KvFormat kf, KvFormat vf, int page_size, const std::vector<int
   size_t mismatches = 0;
   for (size_t i = 0; i < bits.size(); ++i) mismatches += bits[i] != float_to_f16(got[i]).bits;
   EXPECT_EQ(mismatches, 0u) << "fp16 output differs from the rounded fp32 output";
+  if (rotation != RotationKind::hadamard || kf == KvFormat::fp16) return;
+  // DeviceDecodeOptions::queries_rotated: the queries rotated and scaled by
+  // the caller (here the host's Rotation::rotate, which the Hadamard
+  // rotation kernel reproduces bit for bit) give the same output bits.
+  std::vector<float> q_rot(q.size());
+  const Rotation& rot = hb.cache.rotation(kTestLayer);
+  const float q_scale = decode_query_scale(c, {});
+  const size_t d = static_cast<size_t>(head_dim);
+  for (size_t h = 0; h < q.size() / d; ++h) {
+    rot.rotate(std::span<const float>(q.data() + h * d, d), std::span<float>(q_rot.data() + h * d, d));
+    for (size_t i = 0; i < d; ++i) q_rot[h * d + i] *= q_scale;
+  }
+  const Buffer qrd = to_device(q_rot);
+  Buffer out_pre = poisoned_output(q.size());
+  o.out_f16 = nullptr;
+  o.queries_rotated = true;
+  device_decode_attention(dev, kTestLayer, tables, q_heads, qrd.as<float>(), out_pre.as<float>(), ws, o);
+  LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<float> got_pre = from_device(out_pre, q.size());
+  EXPECT_EQ(std::memcmp(got_pre.data(), got.data(), got.size() * 4), 0)
+      << "queries rotated by the caller give other bits than the rotation kernel's";
 }
 
 // Both CTA layouts of the packed pairs (8 warps, 128-byte table rows; 16
@@ -278,6 +301,20 @@ TEST(KvDevice, DecodeEveryFormatPair) {
         if (!packed && cta_warps == 16) continue;
         check_decode(kf, vf, 16, {1, 15, 16, 17, 300}, 40, 8, 0, DataKind::gaussian, ScaleDType::f16, cta_warps);
       }
+}
+
+// The Hadamard rotation: the query rotation and the output's un-rotation
+// by the signs (kv/hadamard_warp.cuh) instead of the dense matrix, every
+// pair once at both head dimensions, and queries rotated by the caller.
+TEST(KvDevice, DecodeHadamardRotation) {
+  LOWBIT_REQUIRE_GPU();
+  for (KvFormat kf : kAllFormats)
+    for (KvFormat vf : kAllFormats) {
+      check_decode(kf, vf, 16, {1, 15, 16, 17, 300}, 40, 8, 0, DataKind::gaussian, ScaleDType::f16, 0, 128, 0,
+                   RotationKind::hadamard);
+      check_decode(kf, vf, 16, {1, 33, 300}, 9, 3, 32, DataKind::outliers, ScaleDType::f32, 0, 64, 0,
+                   RotationKind::hadamard);
+    }
 }
 
 // head_dim 64 on SmolLM2's geometry (9 query heads over 3 KV heads): every

@@ -4,10 +4,12 @@
 // NaN before each call so an unwritten element fails.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <utility>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "error_matchers.h"
@@ -15,6 +17,8 @@
 #include "lowbit/core/half.h"
 #include "lowbit/cuda/check.h"
 #include "lowbit/formats/dequant_ref.h"
+#include "lowbit/kv/device_cache.h"
+#include "lowbit/kv/rotation.h"
 #include "lowbit/ops/layer_ops_cuda.h"
 #include "lowbit/w4a16/w4a16_gemm.h"
 #include "lowbit/w4a16/w4a16_gemm_ref.h"
@@ -533,6 +537,154 @@ TEST(W4A16Gemm, GemvResidualAddAndRmsNormEqualTheSeparateKernels) {
 // RoPE layouts, positions up to 70000 (large angles), 1 and 3 rows, K split
 // automatic and 5, and with x read through RMSNorm (the engine's qkv GEMM
 // of every layer after the first). The options it cannot honour are refused.
+// W4A16AttentionInputs::kv_append and q_rotation_signs: the QKV epilogue
+// stores K/V into a Hadamard TurboQuant cache with the bytes of
+// kv::device_append_tokens (fed by the GEMM + qkv_to_attention_inputs path),
+// and writes the queries rotated and scaled exactly as the host rotation
+// does (Rotation::rotate, then the scale): every format of either part, f16
+// and f32 scales, head_dim 128 and 64, one and three rows at page
+// boundaries, auto and forced K splits.
+TEST(W4A16Gemm, GemvAttentionInputsAppendKvAndRotateQueriesAsTheKvKernelsDo) {
+  LOWBIT_REQUIRE_GPU();
+  W4A16Workspace ws;
+  constexpr int64_t kHeads = 4, kKvHeads = 2, K = 256;
+  constexpr int kPage = 16, kLayer = 1;
+  uint64_t seed = 2900;
+  struct Formats {
+    kv::KvFormat k, v;
+    kv::ScaleDType scale;
+  };
+  const Formats formats[] = {{kv::KvFormat::tq4, kv::KvFormat::tq4, kv::ScaleDType::f16},
+                             {kv::KvFormat::tq3, kv::KvFormat::fp16, kv::ScaleDType::f32},
+                             {kv::KvFormat::fp16, kv::KvFormat::tq2, kv::ScaleDType::f16},
+                             {kv::KvFormat::fp16, kv::KvFormat::fp16, kv::ScaleDType::f16}};
+  for (const int64_t hd : {128, 64}) {
+    const int64_t N = (kHeads + 2 * kKvHeads) * hd;
+    const auto layer = test::random_layer(K, N, 128, ZeroKind::asym, seed++);
+    const W4A16Weights w = W4A16Weights::prepare(layer, DType::f16);
+    std::mt19937_64 rng(seed++);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<uint16_t> norm_bits(static_cast<size_t>(2 * hd));
+    for (auto& v : norm_bits) v = to_bits(1.0f + 0.2f * normal(rng), DType::f16);
+    std::vector<float> inv_freq(static_cast<size_t>(hd / 2));
+    for (int64_t i = 0; i < hd / 2; ++i)
+      inv_freq[static_cast<size_t>(i)] = static_cast<float>(1.0 / std::pow(10000.0, 2.0 * i / hd));
+    Buffer norms(norm_bits.size() * 2, Device::cuda), freq(inv_freq.size() * 4, Device::cuda);
+    Buffer::copy(norms.data(), Device::cuda, norm_bits.data(), Device::cpu, norms.size());
+    Buffer::copy(freq.data(), Device::cuda, inv_freq.data(), Device::cpu, freq.size());
+    const auto q_norm_view = TensorView::contiguous(norms.data(), DType::f16, {hd}, Device::cuda);
+    const auto k_norm_view = TensorView::contiguous(static_cast<std::byte*>(norms.data()) + hd * 2, DType::f16, {hd},
+                                                    Device::cuda);
+    for (const int64_t M : {1, 3}) {
+      // Row r's newest token is at position lengths[r] - 1: the first slot
+      // of a page, the last, and one inside.
+      const std::vector<int64_t> all_lengths = {17, 16, 40};
+      const std::vector<int64_t> lengths(all_lengths.begin(), all_lengths.begin() + M);
+      std::vector<std::vector<int32_t>> tables;
+      int32_t next_page = 0;
+      for (int64_t len : lengths) {
+        std::vector<int32_t> t;
+        for (int64_t p = 0; p < (len + kPage - 1) / kPage; ++p) t.push_back(next_page++);
+        std::reverse(t.begin(), t.end());  // pages out of order
+        tables.push_back(t);
+      }
+      const kv::DeviceBlockTables dt = kv::DeviceBlockTables::from_host(tables, lengths, kPage);
+      std::vector<int32_t> positions;
+      for (int64_t len : lengths) positions.push_back(static_cast<int32_t>(len - 1));
+      std::vector<uint16_t> x(static_cast<size_t>(M * K));
+      for (auto& v : x) v = to_bits(normal(rng), DType::f16);
+      Buffer xb(x.size() * 2, Device::cuda), y(static_cast<size_t>(M * N) * 2, Device::cuda),
+          pos(static_cast<size_t>(M) * 4, Device::cuda);
+      Buffer::copy(xb.data(), Device::cuda, x.data(), Device::cpu, xb.size());
+      Buffer::copy(pos.data(), Device::cuda, positions.data(), Device::cpu, pos.size());
+      Buffer q_ref(static_cast<size_t>(M * kHeads * hd) * 4, Device::cuda), q_fused(q_ref.size(), Device::cuda),
+          k32(static_cast<size_t>(M * kKvHeads * hd) * 4, Device::cuda), v32(k32.size(), Device::cuda);
+      const auto y_view = TensorView::contiguous(y.data(), DType::f16, {M, N}, Device::cuda);
+      const auto x_view = TensorView::contiguous(xb.data(), DType::f16, {M, K}, Device::cuda);
+      for (const Formats& f : formats)
+        for (const int split : {0, 3}) {
+          SCOPED_TRACE(testing::Message() << "head_dim " << hd << " M=" << M << " K/V " << kv::kv_format_name(f.k)
+                                          << "/" << kv::kv_format_name(f.v) << " split " << split);
+          kv::KvCacheConfig c;
+          c.num_layers = 2;
+          c.num_kv_heads = kKvHeads;
+          c.head_dim = static_cast<int>(hd);
+          c.page_size = kPage;
+          c.num_pages = next_page + 1;
+          c.k_format = f.k;
+          c.v_format = f.v;
+          c.scale_dtype = f.scale;
+          c.rotation = kv::RotationKind::hadamard;
+          const kv::DeviceKvCache separate(c), fused(c);
+          for (Buffer* b : {&q_ref, &q_fused, &k32, &v32}) LOWBIT_CUDA_CHECK(cudaMemset(b->data(), 0xFF, b->size()));
+          const W4A16Options plain{W4A16Strategy::gemv, split};
+          w4a16_gemm(x_view, w, y_view, ws, plain);
+          ops::qkv_to_attention_inputs(
+              y_view, kHeads, kKvHeads, hd, &q_norm_view, &k_norm_view, 1e-6f,
+              TensorView::contiguous(pos.data(), DType::i32, {M}, Device::cuda),
+              TensorView::contiguous(freq.data(), DType::f32, {hd / 2}, Device::cuda), ops::RopeStyle::half,
+              TensorView::contiguous(q_ref.data(), DType::f32, {M, kHeads * hd}, Device::cuda),
+              TensorView::contiguous(k32.data(), DType::f32, {M, kKvHeads * hd}, Device::cuda),
+              TensorView::contiguous(v32.data(), DType::f32, {M, kKvHeads * hd}, Device::cuda));
+          kv::device_append_tokens(separate, kLayer, dt, k32.as<float>(), v32.as<float>());
+
+          const kv::KvAppendTarget target = kv::device_append_target(fused, kLayer, dt);
+          W4A16AttentionInputs inputs;
+          inputs.num_heads = kHeads;
+          inputs.num_kv_heads = kKvHeads;
+          inputs.head_dim = hd;
+          inputs.q_norm = q_norm_view.data;
+          inputs.k_norm = k_norm_view.data;
+          inputs.eps = 1e-6f;
+          inputs.positions = pos.as<int32_t>();
+          inputs.inv_freq = freq.as<float>();
+          inputs.q_out = q_fused.as<float>();
+          inputs.q_rotation_signs = fused.hadamard_signs(kLayer);
+          inputs.q_scale = kv::decode_query_scale(c, {});
+          inputs.kv_append = &target;
+          W4A16Options with_kv = plain;
+          with_kv.attention_inputs = &inputs;
+          w4a16_gemm(x_view, w, y_view, ws, with_kv);
+          LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+
+          const std::vector<std::byte> a = separate.download_pool(kLayer), b = fused.download_pool(kLayer);
+          size_t differing = 0;
+          for (size_t i = 0; i < a.size(); ++i) differing += a[i] != b[i];
+          EXPECT_EQ(differing, 0u) << "of " << a.size() << " pool bytes";
+          // The queries: rotated on the host from the separate path's q.
+          std::vector<float> q(static_cast<size_t>(M * kHeads * hd)), got(q.size());
+          Buffer::copy(q.data(), Device::cpu, q_ref.data(), Device::cuda, q_ref.size());
+          Buffer::copy(got.data(), Device::cpu, q_fused.data(), Device::cuda, q_fused.size());
+          const kv::Rotation rot =
+              kv::Rotation::hadamard(static_cast<int>(hd), kv::layer_rotation_seed(c.rotation_seed_base, kLayer));
+          std::vector<float> rotated(static_cast<size_t>(hd));
+          size_t q_mismatches = 0;
+          for (int64_t h = 0; h < M * kHeads; ++h) {
+            rot.rotate(std::span<const float>(q.data() + h * hd, static_cast<size_t>(hd)), rotated);
+            for (int64_t i = 0; i < hd; ++i) {
+              const float want = rotated[static_cast<size_t>(i)] * inputs.q_scale;
+              q_mismatches += std::memcmp(&want, &got[static_cast<size_t>(h * hd + i)], 4) != 0;
+            }
+          }
+          EXPECT_EQ(q_mismatches, 0u) << "of " << q.size() << " rotated query elements";
+        }
+    }
+    // Refused: a Haar cache with quantized parts (its rotation is a matrix),
+    // and a head_dim the warp functions are not built for.
+    kv::KvCacheConfig haar;
+    haar.num_layers = 1;
+    haar.num_kv_heads = kKvHeads;
+    haar.head_dim = static_cast<int>(hd);
+    haar.page_size = kPage;
+    haar.num_pages = 4;
+    const kv::DeviceKvCache haar_cache(haar);
+    const kv::DeviceBlockTables dt = kv::DeviceBlockTables::from_host(std::vector<std::vector<int32_t>>{{0}},
+                                                                      std::vector<int64_t>{1}, kPage);
+    EXPECT_TRUE(test::throws_error([&] { (void)kv::device_append_target(haar_cache, 0, dt); }, ErrorKind::unsupported,
+                                   {"Haar", "Hadamard"}));
+  }
+}
+
 TEST(W4A16Gemm, GemvAttentionInputsEqualTheGemmThenTheirKernel) {
   LOWBIT_REQUIRE_GPU();
   W4A16Workspace ws;
@@ -677,6 +829,13 @@ TEST(W4A16Gemm, GemvAttentionInputsEqualTheGemmThenTheirKernel) {
       bad.attention_inputs = &odd;
       EXPECT_TRUE(test::throws_error([&] { w4a16_gemm(res_view, w, y_view, ws, bad); }, ErrorKind::unsupported,
                                      {"attention_inputs", "96", "divides 128"}));
+      odd = inputs;
+      odd.head_dim = 32;
+      odd.num_heads = kHeads * hd / 32;
+      odd.num_kv_heads = kKvHeads * hd / 32;
+      odd.q_rotation_signs = freq.as<float>();  // any device pointer: refused before use
+      EXPECT_TRUE(test::throws_error([&] { w4a16_gemm(res_view, w, y_view, ws, bad); }, ErrorKind::unsupported,
+                                     {"attention_inputs", "64 and 128", "32"}));
       odd = inputs;
       odd.num_heads = 5;
       EXPECT_TRUE(test::throws_error([&] { w4a16_gemm(res_view, w, y_view, ws, bad); }, ErrorKind::invalid_argument,

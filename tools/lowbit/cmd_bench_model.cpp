@@ -27,6 +27,11 @@ void add_bench_model_command(CLI::App& bench) {
   model->add_option("--kv", options.kv, "KV formats: fp16, tq4, tq3, tq2")
       ->delimiter(',')
       ->capture_default_str();
+  model->add_option("--kv-rotation", options.kv_rotation,
+                    "TurboQuant rotation of the tq formats: haar (dense QR rotation, the seed's) or hadamard\n"
+                    "(random signs + fast Walsh-Hadamard; the qkv GEMM then also appends K/V and rotates q)")
+      ->check(CLI::IsMember({"haar", "hadamard"}))
+      ->capture_default_str();
   model->add_option("--batch", options.batches, "Batch sizes")
       ->delimiter(',')
       ->check(CLI::PositiveNumber)

@@ -76,12 +76,19 @@ void add_model_run_options(CLI::App& cmd, ModelRunOptions& o) {
   cmd.add_option("--kv", o.kv, "KV cache format for K and V: fp32, fp16, tq4, tq3, tq2")->check(formats);
   cmd.add_option("--kv-k", o.kv_k, "K format (overrides --kv)")->check(formats);
   cmd.add_option("--kv-v", o.kv_v, "V format (overrides --kv)")->check(formats);
+  cmd.add_option("--kv-rotation", o.kv_rotation,
+                 "TurboQuant rotation of tq2/3/4 K/V, one per layer: haar (dense QR rotation, the seed's) or "
+                 "hadamard (random signs + fast Walsh-Hadamard transform, head_dim a power of two; cheaper, and on "
+                 "CUDA the decode step's qkv GEMM then also appends K/V and rotates the queries)")
+      ->check(CLI::IsMember({"haar", "hadamard"}))
+      ->capture_default_str();
   cmd.add_option("--threads", o.threads, "CPU threads (default: LOWBIT_NUM_THREADS or all cores)")
       ->check(CLI::NonNegativeNumber);
   cmd.add_flag("--tune-gemms", o.tune_gemms,
                "CUDA: time the 4-bit GEMM kernels per layer shape when the model is loaded (a few ms each) and "
                "decode single sequences with the fastest; where the GEMMs get the decode kernel, they also "
-               "read the SiLU, do the residual add + RMSNorm and the q/k norm + RoPE themselves (faster; the "
+               "read the SiLU, do the residual add + RMSNorm and the q/k norm + RoPE themselves (with "
+               "--kv-rotation hadamard also the KV append and the query rotation) (faster; the "
                "logits may then differ in the last bits from run to run, and from the same sequence decoded in a "
                "batch: with a 4-bit KV cache such a difference can move a cache code)");
 }
@@ -97,6 +104,9 @@ engine::CpuBackendOptions backend_options(const ModelRunOptions& o) {
   engine::CpuBackendOptions b;
   b.kv.k = kv_option(o.kv_k.empty() ? o.kv : o.kv_k, "--kv-k");
   b.kv.v = kv_option(o.kv_v.empty() ? o.kv : o.kv_v, "--kv-v");
+  const auto rotation = kv::parse_rotation_kind(o.kv_rotation);
+  if (!rotation) fail_argument("--kv-rotation", o.kv_rotation, "haar or hadamard");
+  b.kv.rotation = *rotation;
   b.threads = o.threads;
   b.tune_gemms = o.tune_gemms;
   engine::check_device(o.device);

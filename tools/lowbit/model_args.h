@@ -39,10 +39,11 @@ struct ModelRunOptions {
   std::string weights = "auto";
   std::string kv = "fp16";
   std::string kv_k, kv_v;
+  std::string kv_rotation = "haar";
   int threads = 0;
   bool tune_gemms = false;
 };
-// Adds --model, --device, --weights, --kv, --kv-k, --kv-v, --threads and --tune-gemms.
+// Adds --model, --device, --weights, --kv, --kv-k, --kv-v, --kv-rotation, --threads and --tune-gemms.
 void add_model_run_options(CLI::App& cmd, ModelRunOptions& o);
 // --model, or the default model; Error(io) when it does not exist.
 std::filesystem::path model_path(const ModelRunOptions& o);

@@ -92,6 +92,10 @@ struct CudaEngineOptions {
   int64_t max_tokens = 4096;  // per sequence
   int max_sequences = 1;
   uint64_t rotation_seed = kv::kDefaultRotationSeedBase;
+  // The TurboQuant rotation of each layer (kv/rotation.h): Haar (QR of a
+  // Gaussian matrix, the seed's) or randomized Hadamard (d signs and a fast
+  // Walsh-Hadamard transform; head_dim a power of two).
+  kv::RotationKind rotation = kv::RotationKind::haar;
   // Time the W4A16 kernels once per distinct w4 layer shape at one row
   // (w4a16_tune, a few ms each at construction) and run single-row steps
   // with the fastest. Off by default: the choice depends on timings, and the
@@ -133,6 +137,14 @@ struct CudaEngineOptions {
   // ops::qkv_to_attention_inputs (W4A16Options::attention_inputs): one launch
   // fewer per layer, the same bits.
   bool fuse_attention_inputs_into_qkv = true;
+  // When that QKV epilogue runs and the cache's rotation is Hadamard (or K
+  // and V are both fp16), it also rotates and scales the queries as the
+  // decode attention takes them and quantizes K and V straight into the
+  // cache (W4A16AttentionInputs::q_rotation_signs, kv_append): no KV append
+  // and no query rotation kernel, two launches fewer per layer, the same
+  // bits. (A Haar rotation is a 64 KB matrix per layer, which an epilogue
+  // warp does not read.)
+  bool fuse_kv_append_into_qkv = true;
 };
 
 // One row of a step: `n` new tokens of sequence `seq` at positions
@@ -207,6 +219,11 @@ class CudaEngine {
   bool attention_inputs_fused_into_qkv() const {
     return !model_.layers.empty() && qkv_makes_attention_inputs(model_.layers.front().qkv, 1);
   }
+  // Whether that epilogue also appends K/V to the cache and rotates the
+  // queries (CudaEngineOptions::fuse_kv_append_into_qkv, a Hadamard cache).
+  bool kv_append_fused_into_qkv() const {
+    return !model_.layers.empty() && qkv_appends_kv(model_.layers.front().qkv, 1);
+  }
   const kv::DeviceKvCache& cache() const { return *cache_; }
   cudaStream_t stream() const { return stream_; }
   int64_t kv_bytes_per_token() const;  // all layers, K and V
@@ -272,8 +289,10 @@ class CudaEngine {
   // input is done inside the two GEMMs (CudaEngineOptions::fuse_norms_into_gemms).
   bool fuses_norm(const DeviceLinear& producer, const DeviceLinear& consumer, int64_t M) const;
   bool qkv_makes_attention_inputs(const DeviceLinear& qkv, int64_t M) const;
+  bool qkv_appends_kv(const DeviceLinear& qkv, int64_t M) const;
+  // kv_appended: the QKV GEMM stored this step's K/V and rotated the queries.
   void attention_layer(int layer, std::span<const StepRow> rows, const kv::DeviceBlockTables& tables,
-                       int64_t M);
+                       int64_t M, bool kv_appended);
 
   const DeviceModel& model_;
   CudaEngineOptions options_;

@@ -20,6 +20,7 @@
 
 #include "lowbit/engine/model_config.h"
 #include "lowbit/engine/thread_pool.h"
+#include "lowbit/kv/rotation.h"
 
 namespace lowbit::engine {
 
@@ -34,6 +35,11 @@ struct KvOptions {
   int max_sequences = 1;      // sequences alive at once
   int page_size = 32;         // tokens per page (paged formats)
   uint64_t rotation_seed = 42;  // TurboQuant rotations: seed + 1000 * layer
+  // Haar (the seed's QR rotation) or randomized Hadamard (cheaper; head_dim
+  // a power of two). On CUDA a Hadamard cache also lets the decode step's
+  // QKV GEMM append K/V and rotate the queries (CudaEngineOptions::
+  // fuse_kv_append_into_qkv).
+  kv::RotationKind rotation = kv::RotationKind::haar;
   // Paged formats: attend with the kv module's reference kernels
   // (attention_ref.h) instead of the engine's pooled loop (tests compare them).
   bool reference_attention = false;

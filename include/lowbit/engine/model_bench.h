@@ -20,6 +20,9 @@ struct ModelBenchOptions {
   std::string config = "qwen3-14b";
   std::vector<std::string> weights = {"fp16", "w4"};
   std::vector<std::string> kv = {"fp16", "tq4"};
+  // The TurboQuant rotation of the tq formats: "haar" or "hadamard"
+  // (CudaEngineOptions::rotation).
+  std::string kv_rotation = "haar";
   std::vector<int> batches = {1, 16};
   std::vector<int64_t> contexts = {1024, 32768};
   // Prefill is timed for contexts up to this length (the prefill attention
