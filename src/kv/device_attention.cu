@@ -719,6 +719,8 @@ template <int D>
 __global__ void __launch_bounds__(32 * kDeviceMaxGroup)
     rotate_queries_hadamard_kernel(const float* q, const float* signs, float* out, int num_q_heads, int group,
                                    float scale_log2) {
+  float lane_signs[D / 32];  // constant: loaded before waiting
+  load_lane_signs<D>(signs, lane_signs);
   cuda::pdl_wait();
   cuda::pdl_launch_dependents();
   const int r = blockIdx.x, h = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -727,7 +729,7 @@ __global__ void __launch_bounds__(32 * kDeviceMaxGroup)
   float v[D / 32];
 #pragma unroll
   for (int u = 0; u < D / 32; ++u) v[u] = q[base + lane + 32 * u];
-  hadamard_rotate_warp<D>(v, signs, scale_log2);
+  hadamard_rotate_warp<D>(v, lane_signs, scale_log2);
 #pragma unroll
   for (int u = 0; u < D / 32; ++u) out[base + lane + 32 * u] = v[u];
 }
@@ -739,7 +741,9 @@ template <int D>
 __global__ void __launch_bounds__(kRotThreads<D>) merge_kernel(AttnArgs a, const float* mt, const float* signs,
                                                                float* out, __half* out16) {
   float mslice[D / 4];  // the constant un-rotation, requested before waiting
-  if (mt != nullptr && signs == nullptr) load_matrix_slice<D>(mt, mslice);
+  float lane_signs[D / 32];
+  if (signs != nullptr) load_lane_signs<D>(signs, lane_signs);
+  else if (mt != nullptr) load_matrix_slice<D>(mt, mslice);
   cuda::pdl_wait();
   // The next kernel (the engine's o projection, a W4A16 GEMM) is launched
   // now and requests its first weights while this one merges: without the
@@ -814,7 +818,7 @@ __global__ void __launch_bounds__(kRotThreads<D>) merge_kernel(AttnArgs a, const
     float v[D / 32];
 #pragma unroll
     for (int u = 0; u < D / 32; ++u) v[u] = ys[warp][lane + 32 * u];
-    hadamard_unrotate_warp<D>(v, signs);
+    hadamard_unrotate_warp<D>(v, lane_signs);
 #pragma unroll
     for (int u = 0; u < D / 32; ++u) store(warp * D + lane + 32 * u, v[u]);
     return;

@@ -23,6 +23,7 @@
 #include "lowbit/core/error.h"
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/pdl.cuh"
+#include "lowbit/kv/append_warp.cuh"
 
 namespace lowbit::kv {
 
@@ -248,17 +249,19 @@ struct WriteArgs {
   PartFormat part[2];  // key, value
 };
 
-// The kernel runs one thread per coordinate: D threads.
+// The kernel runs one thread per coordinate: D threads. The block's sum in
+// the order of the warp append (append_warp.cuh, sum_double_over_lanes):
+// gathered into one warp's layout, which every warp then sums alike.
 template <int D>
 __device__ double block_sum_double(double x, double* scratch) {
-  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   __syncthreads();  // scratch may still be read from the previous call
-  if (lane == 0) scratch[warp] = x;
+  scratch[threadIdx.x] = x;
   __syncthreads();
-  double s = 0.0;
-  for (int w = 0; w < D / 32; ++w) s += scratch[w];
-  return s;
+  const int lane = threadIdx.x % 32;
+  double v[D / 32];
+#pragma unroll
+  for (int u = 0; u < D / 32; ++u) v[u] = scratch[lane + 32 * u];
+  return sum_double_over_lanes<D>(v);
 }
 
 // kVectors: vectors quantized together per CTA (one load of M[i][j] serves
@@ -272,7 +275,7 @@ __global__ void __launch_bounds__(D) write_kernel(WriteArgs a) {
   float* m_s = reinterpret_cast<float*>(smem_f4);      // [d][d]
   float* x_s = m_s + kD * kD;                           // [kVectors][d]
   uint8_t* idx_s = reinterpret_cast<uint8_t*>(x_s + kVectors * kD);  // [kVectors][d]
-  __shared__ double scratch[kWriteThreads / 32];
+  __shared__ double scratch[kWriteThreads];
   const int j = threadIdx.x;
   const bool haar = a.signs == nullptr;
   if (haar) {

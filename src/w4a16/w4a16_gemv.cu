@@ -289,7 +289,10 @@ __device__ __noinline__ void write_residual_outputs(const OutputArgs a, float* r
 // holds a finished head in shared memory (v, head_dim floats): the query's
 // Hadamard rotation and the K/V quantization of the decode attention's own
 // kernels (kv/hadamard_warp.cuh, kv/append_warp.cuh), so the bits are theirs.
-// v is reused as the append's scratch.
+// Their loads (signs, codebook, the row's length and page) are issued at the
+// start of the head's task, before its norm and RoPE, which hide their
+// latency: done after them, they were L2 round trips in a row on the step's
+// critical path. v is reused as the append's scratch.
 template <int D>
 __device__ __forceinline__ void load_head(const float* v, float (&x)[D / 32]) {
   const int lane = threadIdx.x % 32;
@@ -297,29 +300,68 @@ __device__ __forceinline__ void load_head(const float* v, float (&x)[D / 32]) {
   for (int u = 0; u < D / 32; ++u) x[u] = v[lane + 32 * u];
   __syncwarp();  // every lane has read v before it is reused
 }
-__device__ __noinline__ void rotate_query_head(const AttentionInputsArgs& ai, float* v, float* out) {
+
+// One head of the epilogue, past the GEMM's sum: the per-head norm and
+// RoPE of ops::qkv_to_attention_inputs (q and k heads), then the store of
+// q/k/v in fp32, or the query rotation, or the append of k or v.
+// D: the head dimension the rotation and the append are built for (64 or
+// 128, which W4A16Options validation requires for them); the norm, RoPE and
+// stores take any even head_dim that divides 128.
+template <typename T, int D>
+__device__ __noinline__ void finish_head(const AttentionInputsArgs& ai, float* v, int64_t token, int head) {
+  const int hd = ai.head_dim, half = hd / 2;
   const int lane = threadIdx.x % 32;
-  auto rotate = [&](auto dim_tag) {
-    constexpr int D = decltype(dim_tag)::value;
+  const bool is_q = head < ai.heads, is_v = head >= ai.heads + ai.kv_heads;
+  const bool append = ai.kv_append && !is_q;
+  const bool rotate = is_q && ai.q_signs != nullptr;
+  kv::KvAppendPlan plan{};
+  float q_signs[4];
+  if (append) plan = kv::append_plan_begin<D>(ai.kv, is_v ? 1 : 0, static_cast<int>(token),
+                                              is_v ? head - ai.heads - ai.kv_heads : head - ai.heads);
+  if (rotate) kv::load_lane_signs<D>(ai.q_signs, q_signs);
+  auto round_to_t = [](float x) { return scalar_to_float(from_float<T>(x)); };
+  if (!is_v) {
+    const T* w = static_cast<const T*>(is_q ? ai.q_norm : ai.k_norm);
+    if (w != nullptr) {
+      float sum_sq = 0.0f;
+      for (int i = lane; i < hd; i += 32) sum_sq = ops::sum_sq_step(sum_sq, v[i]);
+      for (int o = 16; o > 0; o >>= 1) sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, o);
+      const float inv_rms = ops::head_inv_rms(sum_sq, hd, ai.eps);
+      for (int i = lane; i < hd; i += 32) v[i] = round_to_t(ops::norm_scale(v[i], inv_rms, scalar_to_float(w[i])));
+    }
+    __syncwarp();
+    if (append) kv::append_plan_slot(ai.kv, plan);  // needs the length: its latency hides behind RoPE
+    const float pos = static_cast<float>(ai.positions[token]);
+    for (int i = lane; i < half; i += 32) {
+      float c, s;
+      ops::rope_cos_sin(pos, ai.inv_freq[i], &c, &s);
+      const int p0 = ai.interleaved ? 2 * i : i, p1 = ai.interleaved ? 2 * i + 1 : i + half;
+      float y0, y1;
+      ops::rope_rotate(v[p0], v[p1], c, s, &y0, &y1);
+      v[p0] = round_to_t(y0);
+      v[p1] = round_to_t(y1);
+    }
+    __syncwarp();
+  } else if (append) {
+    kv::append_plan_slot(ai.kv, plan);
+  }
+  if (append || rotate) {
     float x[D / 32];
     load_head<D>(v, x);
-    kv::hadamard_rotate_warp<D>(x, ai.q_signs, ai.q_scale);
+    if (append) {
+      kv::append_vector_warp<D>(ai.kv, plan, x, reinterpret_cast<uint8_t*>(v));
+      return;
+    }
+    kv::hadamard_rotate_warp<D>(x, q_signs, ai.q_scale);
+    float* out = ai.q_out + (token * ai.heads + head) * hd;
 #pragma unroll
     for (int u = 0; u < D / 32; ++u) out[lane + 32 * u] = x[u];
-  };
-  if (ai.head_dim == 128) rotate(std::integral_constant<int, 128>{});
-  else rotate(std::integral_constant<int, 64>{});
-}
-__device__ __noinline__ void append_head_to_cache(const AttentionInputsArgs& ai, int part, int row, int kv_head,
-                                                  float* v) {
-  auto append = [&](auto dim_tag) {
-    constexpr int D = decltype(dim_tag)::value;
-    float x[D / 32];
-    load_head<D>(v, x);
-    kv::append_vector_warp<D>(ai.kv, part, row, kv_head, x, reinterpret_cast<uint8_t*>(v));
-  };
-  if (ai.head_dim == 128) append(std::integral_constant<int, 128>{});
-  else append(std::integral_constant<int, 64>{});
+    return;
+  }
+  float* out = is_q ? ai.q_out + (token * ai.heads + head) * hd
+                    : (is_v ? ai.v_out + (token * ai.kv_heads + head - ai.heads - ai.kv_heads) * hd
+                            : ai.k_out + (token * ai.kv_heads + head - ai.heads) * hd);
+  for (int i = lane; i < hd; i += 32) out[i] = v[i];
 }
 
 // W4A16Options::attention_inputs: the block's 128 columns are whole heads
@@ -335,63 +377,22 @@ __device__ __noinline__ void write_attention_inputs(const OutputArgs a, const At
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int kCols = kWarps * 16;
   const float acc[4] = {acc0, acc1, acc2, acc3};
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, block_col = blockIdx.x * kCols;
+  const int warp = threadIdx.x / 32, block_col = blockIdx.x * kCols;
   float* values = reinterpret_cast<float*>(smem);  // [row][column of the block]
   const AttentionInputsArgs& ai = *attention;
   fused_epilogue(
       a, acc, [] {},
       [&](int row, int c, float v, bool) { values[row * kCols + c] = scalar_to_float(from_float<T>(v)); },
       [&] {
-        const int hd = ai.head_dim, half = hd / 2;
+        const int hd = ai.head_dim;
         const int block_heads = min(kCols, a.N - block_col) / hd;
-        auto round_to_t = [](float v) { return scalar_to_float(from_float<T>(v)); };
 #pragma unroll 1
         for (int task = warp; task < a.rows * block_heads; task += kWarps) {
           const int row = task / block_heads, j = task % block_heads;
           const int head = (block_col + j * hd) / hd;
-          const int64_t token = a.m0 + row;
           float* v = values + row * kCols + j * hd;
-          if (head >= ai.heads + ai.kv_heads) {  // v: widened as it is
-            if (ai.kv_append) {
-              append_head_to_cache(ai, 1, static_cast<int>(token), head - ai.heads - ai.kv_heads, v);
-              continue;
-            }
-            float* out = ai.v_out + (token * ai.kv_heads + head - ai.heads - ai.kv_heads) * hd;
-            for (int i = lane; i < hd; i += 32) out[i] = v[i];
-            continue;
-          }
-          const bool is_q = head < ai.heads;
-          const T* w = static_cast<const T*>(is_q ? ai.q_norm : ai.k_norm);
-          if (w != nullptr) {
-            float sum_sq = 0.0f;
-            for (int i = lane; i < hd; i += 32) sum_sq = ops::sum_sq_step(sum_sq, v[i]);
-            for (int o = 16; o > 0; o >>= 1) sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, o);
-            const float inv_rms = ops::head_inv_rms(sum_sq, hd, ai.eps);
-            for (int i = lane; i < hd; i += 32) v[i] = round_to_t(ops::norm_scale(v[i], inv_rms, scalar_to_float(w[i])));
-          }
-          __syncwarp();
-          const float pos = static_cast<float>(ai.positions[token]);
-          for (int i = lane; i < half; i += 32) {
-            float c, s;
-            ops::rope_cos_sin(pos, ai.inv_freq[i], &c, &s);
-            const int p0 = ai.interleaved ? 2 * i : i, p1 = ai.interleaved ? 2 * i + 1 : i + half;
-            float y0, y1;
-            ops::rope_rotate(v[p0], v[p1], c, s, &y0, &y1);
-            v[p0] = round_to_t(y0);
-            v[p1] = round_to_t(y1);
-          }
-          __syncwarp();
-          if (is_q && ai.q_signs != nullptr) {
-            rotate_query_head(ai, v, ai.q_out + (token * ai.heads + head) * hd);
-            continue;
-          }
-          if (!is_q && ai.kv_append) {
-            append_head_to_cache(ai, 0, static_cast<int>(token), head - ai.heads, v);
-            continue;
-          }
-          float* out = is_q ? ai.q_out + (token * ai.heads + head) * hd
-                            : ai.k_out + (token * ai.kv_heads + head - ai.heads) * hd;
-          for (int i = lane; i < hd; i += 32) out[i] = v[i];
+          if (hd == 64) finish_head<T, 64>(ai, v, a.m0 + row, head);
+          else finish_head<T, 128>(ai, v, a.m0 + row, head);
         }
       });
 }

@@ -4,12 +4,16 @@
 // needs no KV append kernel after it.
 //
 // The arithmetic is the KV write kernel's (device_cache.cu), operation for
-// operation, so the stored bytes are the same: that kernel runs one thread
-// per coordinate and sums over its CTA as a 32-lane xor butterfly per warp
-// of coordinates followed by the warps' sums in order; here lane l holds
-// coordinates l + 32u and does the same butterfly once per u, then adds the
-// u's in order. Only the Hadamard rotation is done here (hadamard_warp.cuh):
-// a Haar rotation is a 64 KB matrix, which is the append kernel's job.
+// operation, so the stored bytes are the same: both sum their double
+// squares with sum_double_over_lanes below, the write kernel after
+// gathering its one-coordinate-per-thread values into one warp's layout.
+// Only the Hadamard rotation is done here (hadamard_warp.cuh): a Haar
+// rotation is a 64 KB matrix, which is the append kernel's job.
+//
+// The work is split in three so that a caller can issue the loads first and
+// hide their latency behind its own arithmetic (the epilogue's norm and
+// RoPE): append_plan_begin (the row's length, the codebook, the signs),
+// append_plan_slot (the page: it needs the length) and append_vector_warp.
 // Device code; include from .cu files.
 #pragma once
 
@@ -24,76 +28,105 @@
 
 namespace lowbit::kv {
 
-// The write kernel's block_sum_double over D coordinates: per warp of 32
-// coordinates (here: per u) the xor butterfly, lane 0's result, then the
-// sum of those in increasing order. Every lane returns the total.
+// The sum of D doubles held by a warp (lane l: coordinates l + 32u): each
+// lane adds its own in increasing u, then a 32-lane xor butterfly; every lane
+// returns lane 0's result. The KV write kernel and the warp append both sum
+// this way, which is what makes their norms, and so their bytes, the same.
 template <int D>
-__device__ __forceinline__ double warp_sum_double_as_block(const double (&x)[D / 32]) {
-  double total = 0.0;
+__device__ __forceinline__ double sum_double_over_lanes(const double (&x)[D / 32]) {
+  double s = x[0];
 #pragma unroll
-  for (int u = 0; u < D / 32; ++u) {
-    double s = x[u];
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    total += __shfl_sync(0xffffffffu, s, 0);
-  }
-  return total;
+  for (int u = 1; u < D / 32; ++u) s += x[u];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  return __shfl_sync(0xffffffffu, s, 0);
 }
 
-// Quantizes x (this warp's D coordinates of one vector: row `row`'s KV head
-// `kv_head`, part 0 = K, 1 = V) and stores it at the row's newest position
-// (lengths[row] - 1). `scratch`: D bytes of shared memory for this warp.
+// What the append of one vector needs besides the vector, loaded ahead.
+struct KvAppendPlan {
+  int part;               // 0 = K, 1 = V
+  int row, kv_head;
+  int32_t length;         // the row's length: the token goes to length - 1
+  int32_t page;           // append_plan_slot
+  float bounds[15];       // the part's boundaries (+inf past nbounds)
+  float lane_centroid;    // centroid `lane` (lanes 0..15), for a shuffle per lookup
+  float signs[4];         // the Hadamard signs of the lane's coordinates (D / 32 used)
+};
+
 template <int D>
-__device__ __noinline__ void append_vector_warp(const KvAppendTarget& t, int part_index, int row, int kv_head,
-                                   const float (&x)[D / 32], uint8_t* scratch) {
+__device__ __forceinline__ KvAppendPlan append_plan_begin(const KvAppendTarget& t, int part, int row, int kv_head) {
+  const int lane = threadIdx.x % 32;
+  const KvAppendPart& f = t.part[part];
+  KvAppendPlan p;
+  p.part = part;
+  p.row = row;
+  p.kv_head = kv_head;
+  p.page = 0;
+  p.length = __ldg(t.lengths + row);
+  const bool quantized = f.bits != 16;
+#pragma unroll
+  for (int b = 0; b < 15; ++b) p.bounds[b] = quantized && b < f.nbounds ? __ldg(f.bounds + b) : INFINITY;
+  p.lane_centroid = quantized && lane < 16 ? __ldg(f.centroids + lane) : 0.0f;
+#pragma unroll
+  for (int u = 0; u < 4; ++u) p.signs[u] = quantized && u < D / 32 ? __ldg(t.signs + lane + 32 * u) : 1.0f;
+  return p;
+}
+
+// The page of the row's newest token (a load that needs the length).
+__device__ __forceinline__ void append_plan_slot(const KvAppendTarget& t, KvAppendPlan& p) {
+  const int64_t pos = p.length - 1;
+  p.page = __ldg(t.tables + p.row * t.table_stride + pos / t.page_size);
+}
+
+// Quantizes x (this warp's D coordinates of the planned vector) and stores
+// it. `scratch`: D bytes of shared memory for this warp.
+template <int D>
+__device__ __forceinline__ void append_vector_warp(const KvAppendTarget& t, const KvAppendPlan& p,
+                                                   const float (&x)[D / 32], uint8_t* scratch) {
   constexpr int kPer = D / 32;
   const int lane = threadIdx.x % 32;
-  const KvAppendPart& f = t.part[part_index];
-  const int64_t pos = t.lengths[row] - 1;
-  const int32_t page = t.tables[row * t.table_stride + pos / t.page_size];
+  const KvAppendPart& f = t.part[p.part];
+  const int64_t pos = p.length - 1;
   const int slot = static_cast<int>(pos % t.page_size);
-  std::byte* slab = t.pool + (static_cast<int64_t>(page) * t.num_kv_heads + kv_head) * t.slab_bytes;
-  std::byte* dst = slab + f.rows_offset + static_cast<int64_t>(slot) * f.row_bytes;
+  auto slab = [&] { return t.pool + (static_cast<int64_t>(p.page) * t.num_kv_heads + p.kv_head) * t.slab_bytes; };
   if (f.bits == 16) {
+    __half* dst = reinterpret_cast<__half*>(slab() + f.rows_offset + static_cast<int64_t>(slot) * f.row_bytes);
 #pragma unroll
-    for (int u = 0; u < kPer; ++u) reinterpret_cast<__half*>(dst)[lane + 32 * u] = __float2half_rn(x[u]);
+    for (int u = 0; u < kPer; ++u) dst[lane + 32 * u] = __float2half_rn(x[u]);
     return;
   }
   double sq[kPer];
 #pragma unroll
   for (int u = 0; u < kPer; ++u) sq[u] = static_cast<double>(x[u]) * x[u];
-  const double gamma_exact = sqrt(warp_sum_double_as_block<D>(sq));
+  const double gamma_exact = sqrt(sum_double_over_lanes<D>(sq));
   const float gamma = static_cast<float>(gamma_exact);
   float y[kPer];
 #pragma unroll
   for (int u = 0; u < kPer; ++u) y[u] = gamma > 0.0f ? x[u] / gamma : 0.0f;
-  hadamard_rotate_warp<D>(y, t.signs, 1.0f);
-  // The boundaries in registers (at most 15, those past nbounds never
-  // counted): one fixed loop instead of a runtime trip count per coordinate.
-  float bounds[15];
-#pragma unroll
-  for (int b = 0; b < 15; ++b) bounds[b] = b < f.nbounds ? f.bounds[b] : INFINITY;
+  hadamard_rotate_warp<D>(y, p.signs, 1.0f);
   int idx[kPer];
   double c2[kPer];
 #pragma unroll
   for (int u = 0; u < kPer; ++u) {
     idx[u] = 0;
 #pragma unroll
-    for (int b = 0; b < 15; ++b) idx[u] += (y[u] >= bounds[b]) ? 1 : 0;
-    const double c = f.bits <= 4 ? static_cast<double>(f.centroids[idx[u]]) : 0.0;
+    for (int b = 0; b < 15; ++b) idx[u] += (y[u] >= p.bounds[b]) ? 1 : 0;
+    const double c = f.bits <= 4 ? static_cast<double>(__shfl_sync(0xffffffffu, p.lane_centroid, idx[u])) : 0.0;
     c2[u] = c * c;
   }
-  const double cn2 = warp_sum_double_as_block<D>(c2);
+  const double cn2 = sum_double_over_lanes<D>(c2);
+  std::byte* s = slab();
   if (lane == 0) {
     float value = gamma;
     if (t.renormalize && gamma > 0.0f) value = static_cast<float>(gamma_exact / sqrt(cn2));
-    std::byte* s = slab + f.scales_offset + static_cast<int64_t>(slot) * f.scale_bytes;
-    if (t.scale_f32) *reinterpret_cast<float*>(s) = value;
-    else *reinterpret_cast<__half*>(s) = __float2half_rn(value);
+    std::byte* scale = s + f.scales_offset + static_cast<int64_t>(slot) * f.scale_bytes;
+    if (t.scale_f32) *reinterpret_cast<float*>(scale) = value;
+    else *reinterpret_cast<__half*>(scale) = __float2half_rn(value);
   }
 #pragma unroll
   for (int u = 0; u < kPer; ++u) scratch[lane + 32 * u] = static_cast<uint8_t>(idx[u]);
   __syncwarp();
-  uint8_t* out = reinterpret_cast<uint8_t*>(dst);
+  uint8_t* out = reinterpret_cast<uint8_t*>(s + f.rows_offset + static_cast<int64_t>(slot) * f.row_bytes);
   if (f.bits == 4) {
     for (int j = lane; j < D / 2; j += 32) out[j] = static_cast<uint8_t>(scratch[2 * j] | (scratch[2 * j + 1] << 4));
   } else {

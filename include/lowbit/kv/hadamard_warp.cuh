@@ -45,14 +45,22 @@ __device__ __forceinline__ void walsh_hadamard_warp(float (&v)[D / 32]) {
 
 __device__ __forceinline__ float hadamard_norm(int d) { return static_cast<float>(1.0 / sqrt(static_cast<double>(d))); }
 
+// The signs of the lane's coordinates (lane_signs[u] = signs[lane + 32u]),
+// loaded apart so that callers can issue the loads early.
+template <int D>
+__device__ __forceinline__ void load_lane_signs(const float* signs, float* lane_signs) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int u = 0; u < D / 32; ++u) lane_signs[u] = __ldg(signs + lane + 32 * u);
+}
+
 // y = x M = H (x * s) / sqrt(d), then times `scale` (the query rotation of
 // the decode attention: scale = softmax_scale * log2(e)). Rounded as
 // Rotation::rotate rounds it, then once more for the scale.
 template <int D>
-__device__ __forceinline__ void hadamard_rotate_warp(float (&v)[D / 32], const float* signs, float scale) {
-  const int lane = threadIdx.x % 32;
+__device__ __forceinline__ void hadamard_rotate_warp(float (&v)[D / 32], const float* lane_signs, float scale) {
 #pragma unroll
-  for (int u = 0; u < D / 32; ++u) v[u] = __fmul_rn(v[u], signs[lane + 32 * u]);
+  for (int u = 0; u < D / 32; ++u) v[u] = __fmul_rn(v[u], lane_signs[u]);
   walsh_hadamard_warp<D>(v);
   const float norm = hadamard_norm(D);
 #pragma unroll
@@ -61,12 +69,11 @@ __device__ __forceinline__ void hadamard_rotate_warp(float (&v)[D / 32], const f
 
 // x = y M^T = (H y) / sqrt(d) * s, as Rotation::unrotate rounds it.
 template <int D>
-__device__ __forceinline__ void hadamard_unrotate_warp(float (&v)[D / 32], const float* signs) {
-  const int lane = threadIdx.x % 32;
+__device__ __forceinline__ void hadamard_unrotate_warp(float (&v)[D / 32], const float* lane_signs) {
   walsh_hadamard_warp<D>(v);
   const float norm = hadamard_norm(D);
 #pragma unroll
-  for (int u = 0; u < D / 32; ++u) v[u] = __fmul_rn(__fmul_rn(v[u], norm), signs[lane + 32 * u]);
+  for (int u = 0; u < D / 32; ++u) v[u] = __fmul_rn(__fmul_rn(v[u], norm), lane_signs[u]);
 }
 
 }  // namespace lowbit::kv
