@@ -464,6 +464,13 @@ bool CudaEngine::qkv_appends_kv(const DeviceLinear& qkv, int64_t M) const {
          (kc.head_dim == 64 || kc.head_dim == 128) && (!quantized || kc.rotation == kv::RotationKind::hadamard);
 }
 
+bool CudaEngine::qkv_rotates_queries(const DeviceLinear& qkv, int64_t M) const {
+  const kv::KvCacheConfig& kc = cache_->config();
+  return options_.fuse_query_rotation_into_qkv && qkv_makes_attention_inputs(qkv, M) &&
+         (kc.head_dim == 64 || kc.head_dim == 128) && kv::is_quantized(kc.k_format) &&
+         kc.rotation == kv::RotationKind::hadamard;
+}
+
 void CudaEngine::linear(const DeviceLinear& w, const void* x, int64_t M, void* y, const LinearFusion& fusion) {
   if (w.w4) {
     W4A16Options options = M == 1 ? single_row_options(w) : W4A16Options{};
@@ -484,7 +491,8 @@ void CudaEngine::linear(const DeviceLinear& w, const void* x, int64_t M, void* y
 }
 
 void CudaEngine::attention_layer(int layer, std::span<const StepRow> rows,
-                                 const kv::DeviceBlockTables& tables, int64_t M, bool kv_appended) {
+                                 const kv::DeviceBlockTables& tables, int64_t M, bool kv_appended,
+                                 bool queries_rotated) {
   const ModelConfig& c = model_.config;
   const int hq = static_cast<int>(c.num_heads);
   const bool decode = static_cast<int64_t>(rows.size()) == M;  // one token per row
@@ -495,7 +503,7 @@ void CudaEngine::attention_layer(int layer, std::span<const StepRow> rows,
       kv::device_append_tokens(*cache_, layer, tables, k32_.as<float>(), v32_.as<float>(), stream_);
       mark("KV append");
     }
-    options.queries_rotated = kv_appended && kv::is_quantized(cache_->config().k_format);
+    options.queries_rotated = queries_rotated;
     options.out_f16 = attn_.data();
     options.plan_length = plan_length_;
     kv::device_decode_attention(*cache_, layer, tables, hq, q32_.as<float>(), nullptr, attention_workspace_, options,
@@ -670,7 +678,7 @@ void CudaEngine::launch(const int32_t* d_tokens) {
     // GEMM's epilogue, or in one launch after it.
     const bool norm_in_qkv = l > 0 && fuses_norm(model_.layers[static_cast<size_t>(l - 1)].down, L.qkv, M);
     const bool prep_in_qkv = qkv_makes_attention_inputs(L.qkv, M);
-    const bool kv_in_qkv = qkv_appends_kv(L.qkv, M);
+    const bool kv_in_qkv = qkv_appends_kv(L.qkv, M), rotation_in_qkv = qkv_rotates_queries(L.qkv, M);
     W4A16AttentionInputs inputs;
     kv::KvAppendTarget kv_target;
     if (prep_in_qkv) {
@@ -689,10 +697,10 @@ void CudaEngine::launch(const int32_t* d_tokens) {
       if (kv_in_qkv) {
         kv_target = kv::device_append_target(*cache_, static_cast<int>(l), tables_);
         inputs.kv_append = &kv_target;
-        if (kv::is_quantized(cache_->config().k_format)) {
-          inputs.q_rotation_signs = cache_->hadamard_signs(static_cast<int>(l));
-          inputs.q_scale = kv::decode_query_scale(cache_->config(), {});
-        }
+      }
+      if (rotation_in_qkv) {
+        inputs.q_rotation_signs = cache_->hadamard_signs(static_cast<int>(l));
+        inputs.q_scale = kv::decode_query_scale(cache_->config(), {});
       }
     }
     linear(L.qkv, norm_in_qkv ? residual_.data() : normed_.data(), M, qkv_.data(),
@@ -714,7 +722,7 @@ void CudaEngine::launch(const int32_t* d_tokens) {
                                    dev(v32_.data(), DType::f32, {M, c.kv_dim()}), stream_);
       mark("q/k norm + RoPE + fp32");
     }
-    attention_layer(static_cast<int>(l), rows_, tables_, M, kv_in_qkv);
+    attention_layer(static_cast<int>(l), rows_, tables_, M, kv_in_qkv, rotation_in_qkv);
     if (fuses_norm(L.o, L.gate_up, M)) {
       linear(L.o, attn_.data(), M, residual_.data(), {.residual_out = true});
       mark("o GEMM + residual add");

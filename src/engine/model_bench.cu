@@ -147,6 +147,8 @@ void run_model_benchmark(const ModelBenchOptions& options) {
           eo.max_tokens = context + 1;
           eo.tune_decode_gemms = options.tune_gemms;
           eo.rotation = *rotation;
+          eo.fuse_kv_append_into_qkv = options.fuse_kv_append;
+          eo.fuse_query_rotation_into_qkv = options.fuse_query_rotation;
           std::unique_ptr<CudaEngine> engine;
           try {
             size_t free_bytes = 0, total_bytes = 0;
@@ -165,12 +167,17 @@ void run_model_benchmark(const ModelBenchOptions& options) {
               std::printf("   single-row steps: q/k norm + RoPE %s\n", engine->attention_inputs_fused_into_qkv()
                                                                       ? "in the qkv GEMM's epilogue (gemv)"
                                                                       : "in a kernel of its own");
-              std::printf("   single-row steps: KV append + query rotation %s\n",
-                          engine->kv_append_fused_into_qkv()
-                              ? "in the qkv GEMM's epilogue (gemv)"
-                              : (eo.rotation == kv::RotationKind::haar && kv_name != "fp16"
-                                     ? "in kernels of their own (Haar rotation: --kv-rotation hadamard fuses them)"
-                                     : "in kernels of their own"));
+              const char* haar_note = eo.rotation == kv::RotationKind::haar && kv_name != "fp16"
+                                          ? " (Haar rotation: --kv-rotation hadamard fuses it)"
+                                          : "";
+              std::printf("   single-row steps: KV append %s%s\n",
+                          engine->kv_append_fused_into_qkv() ? "in the qkv GEMM's epilogue (gemv)"
+                                                             : "in a kernel of its own",
+                          engine->kv_append_fused_into_qkv() ? "" : haar_note);
+              std::printf("   single-row steps: query rotation %s%s\n",
+                          engine->query_rotation_fused_into_qkv() ? "in the qkv GEMM's epilogue (gemv)"
+                                                                  : "in a kernel of its own",
+                          engine->query_rotation_fused_into_qkv() ? "" : haar_note);
               printed_choices = true;
             }
             std::vector<StepRow> rows;

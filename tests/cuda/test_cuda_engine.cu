@@ -375,19 +375,39 @@ TEST(CudaEngine, KvAppendFromTheQkvGemmGivesTheSameBits) {
         options.fuse_norms_into_gemms = arch == Architecture::qwen3;
         CudaEngine fused(device_model, options);
         options.fuse_kv_append_into_qkv = false;
+        options.fuse_query_rotation_into_qkv = false;
         CudaEngine separate(device_model, options);
+        // Each fused alone: the append without the rotation, the rotation
+        // after a separate append kernel.
+        options.fuse_kv_append_into_qkv = true;
+        CudaEngine append_only(device_model, options);
+        options.fuse_kv_append_into_qkv = false;
+        options.fuse_query_rotation_into_qkv = true;
+        CudaEngine rotation_only(device_model, options);
+        const bool quantized_k = kf != kv::KvFormat::fp16;
         EXPECT_TRUE(fused.kv_append_fused_into_qkv());
+        EXPECT_EQ(fused.query_rotation_fused_into_qkv(), quantized_k);
         EXPECT_FALSE(separate.kv_append_fused_into_qkv());
+        EXPECT_FALSE(separate.query_rotation_fused_into_qkv());
         EXPECT_TRUE(separate.attention_inputs_fused_into_qkv());
+        EXPECT_TRUE(append_only.kv_append_fused_into_qkv());
+        EXPECT_FALSE(append_only.query_rotation_fused_into_qkv());
+        EXPECT_FALSE(rotation_only.kv_append_fused_into_qkv());
+        EXPECT_EQ(rotation_only.query_rotation_fused_into_qkv(), quantized_k);
         // 20 decode steps: the rows cross a page boundary at 16 tokens.
-        const std::vector<std::vector<uint16_t>> out[2] = {prompt_and_decode_bits(fused, 20),
-                                                           prompt_and_decode_bits(separate, 20)};
-        for (size_t step = 0; step < out[0].size(); ++step) EXPECT_EQ(out[0][step], out[1][step]) << "step " << step;
+        const std::vector<std::vector<uint16_t>> want = prompt_and_decode_bits(separate, 20);
+        for (CudaEngine* e : {&fused, &append_only, &rotation_only}) {
+          const std::vector<std::vector<uint16_t>> got = prompt_and_decode_bits(*e, 20);
+          for (size_t step = 0; step < want.size(); ++step)
+            EXPECT_EQ(got[step], want[step]) << "step " << step << ", engine " << (e == &fused ? "fused" : e == &append_only ? "append only" : "rotation only");
+        }
         if (kf != kv::KvFormat::fp16) {
           CudaEngineOptions haar = options;
           haar.rotation = kv::RotationKind::haar;
-          haar.fuse_kv_append_into_qkv = true;
-          EXPECT_FALSE(CudaEngine(device_model, haar).kv_append_fused_into_qkv());
+          haar.fuse_kv_append_into_qkv = haar.fuse_query_rotation_into_qkv = true;
+          const CudaEngine haar_engine(device_model, haar);
+          EXPECT_FALSE(haar_engine.kv_append_fused_into_qkv());
+          EXPECT_FALSE(haar_engine.query_rotation_fused_into_qkv());
         }
       }
 }

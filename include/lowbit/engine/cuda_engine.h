@@ -137,14 +137,15 @@ struct CudaEngineOptions {
   // ops::qkv_to_attention_inputs (W4A16Options::attention_inputs): one launch
   // fewer per layer, the same bits.
   bool fuse_attention_inputs_into_qkv = true;
-  // When that QKV epilogue runs and the cache's rotation is Hadamard (or K
-  // and V are both fp16), it also rotates and scales the queries as the
-  // decode attention takes them and quantizes K and V straight into the
-  // cache (W4A16AttentionInputs::q_rotation_signs, kv_append): no KV append
-  // and no query rotation kernel, two launches fewer per layer, the same
+  // When that QKV epilogue runs (head_dim 64 or 128) and the cache's
+  // rotation is Hadamard, it can also quantize K and V straight into the
+  // cache (W4A16AttentionInputs::kv_append; also for fp16 K and V, whatever
+  // the rotation) and rotate and scale the queries as the decode attention
+  // takes them (q_rotation_signs): one launch fewer per layer each, the same
   // bits. (A Haar rotation is a 64 KB matrix per layer, which an epilogue
   // warp does not read.)
   bool fuse_kv_append_into_qkv = true;
+  bool fuse_query_rotation_into_qkv = true;
 };
 
 // One row of a step: `n` new tokens of sequence `seq` at positions
@@ -219,10 +220,14 @@ class CudaEngine {
   bool attention_inputs_fused_into_qkv() const {
     return !model_.layers.empty() && qkv_makes_attention_inputs(model_.layers.front().qkv, 1);
   }
-  // Whether that epilogue also appends K/V to the cache and rotates the
-  // queries (CudaEngineOptions::fuse_kv_append_into_qkv, a Hadamard cache).
+  // Whether that epilogue also appends K/V to the cache, and rotates the
+  // queries (CudaEngineOptions::fuse_kv_append_into_qkv,
+  // fuse_query_rotation_into_qkv; a Hadamard cache).
   bool kv_append_fused_into_qkv() const {
     return !model_.layers.empty() && qkv_appends_kv(model_.layers.front().qkv, 1);
+  }
+  bool query_rotation_fused_into_qkv() const {
+    return !model_.layers.empty() && qkv_rotates_queries(model_.layers.front().qkv, 1);
   }
   const kv::DeviceKvCache& cache() const { return *cache_; }
   cudaStream_t stream() const { return stream_; }
@@ -290,9 +295,11 @@ class CudaEngine {
   bool fuses_norm(const DeviceLinear& producer, const DeviceLinear& consumer, int64_t M) const;
   bool qkv_makes_attention_inputs(const DeviceLinear& qkv, int64_t M) const;
   bool qkv_appends_kv(const DeviceLinear& qkv, int64_t M) const;
-  // kv_appended: the QKV GEMM stored this step's K/V and rotated the queries.
+  bool qkv_rotates_queries(const DeviceLinear& qkv, int64_t M) const;
+  // kv_appended / queries_rotated: the QKV GEMM stored this step's K/V, or
+  // rotated the queries.
   void attention_layer(int layer, std::span<const StepRow> rows, const kv::DeviceBlockTables& tables,
-                       int64_t M, bool kv_appended);
+                       int64_t M, bool kv_appended, bool queries_rotated);
 
   const DeviceModel& model_;
   CudaEngineOptions options_;
