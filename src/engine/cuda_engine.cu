@@ -279,7 +279,7 @@ CudaEngine::CudaEngine(const DeviceModel& model, const CudaEngineOptions& option
   kc.k_format = options.k_format;
   kc.v_format = options.v_format;
   kc.rotation_seed_base = options.rotation_seed;
-  kc.rotation = options.rotation;
+  kc.rotation = kv_rotation_for(options.rotation, c.head_dim);
   LOWBIT_REQUIRE(c.num_heads / c.num_kv_heads <= kv::kDeviceMaxGroup, "the CUDA attention takes at most ",
                  kv::kDeviceMaxGroup, " query heads per KV head; this model has ",
                  c.num_heads / c.num_kv_heads);

@@ -1,6 +1,7 @@
 #include "lowbit/engine/kv_store.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <sstream>
@@ -285,7 +286,8 @@ class PagedKvStore final : public KvStore {
   std::string describe() const override {
     std::ostringstream s;
     s << options_.describe() << " (paged, " << options_.page_size << " tokens per page, "
-      << kv::rotation_kind_name(options_.rotation) << " rotation seed " << options_.rotation_seed
+      << kv::rotation_kind_name(kv_rotation_for(options_.rotation, config_.head_dim)) << " rotation seed "
+      << options_.rotation_seed
       << " + 1000 * layer)";
     return s.str();
   }
@@ -302,7 +304,7 @@ class PagedKvStore final : public KvStore {
     k.k_format = to_kv_format(o.k);
     k.v_format = to_kv_format(o.v);
     k.rotation_seed_base = o.rotation_seed;
-    k.rotation = o.rotation;
+    k.rotation = kv_rotation_for(o.rotation, c.head_dim);
     k.validate();
     return k;
   }
@@ -314,6 +316,13 @@ class PagedKvStore final : public KvStore {
 };
 
 }  // namespace
+
+kv::RotationKind kv_rotation_for(std::optional<kv::RotationKind> chosen, int64_t head_dim) {
+  if (chosen) return *chosen;
+  return head_dim >= 1 && head_dim <= 1024 && std::has_single_bit(static_cast<uint64_t>(head_dim))
+             ? kv::RotationKind::hadamard
+             : kv::RotationKind::haar;
+}
 
 std::unique_ptr<KvStore> make_kv_store(const ModelConfig& config, const KvOptions& options) {
   options.validate();

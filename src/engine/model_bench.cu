@@ -117,7 +117,9 @@ void run_model_benchmark(const ModelBenchOptions& options) {
     LOWBIT_REQUIRE(w == "fp16" || w == "w4", "--weights: '", w, "' is neither fp16 nor w4");
   for (const auto& k : options.kv) kv_format_named(k);
   const auto rotation = kv::parse_rotation_kind(options.kv_rotation);
-  LOWBIT_REQUIRE(rotation.has_value(), "--kv-rotation: '", options.kv_rotation, "' is neither haar nor hadamard");
+  LOWBIT_REQUIRE(rotation.has_value() || options.kv_rotation == "auto", "--kv-rotation: '", options.kv_rotation,
+                 "' is neither auto, haar nor hadamard");
+  const kv::RotationKind kv_rotation = kv_rotation_for(rotation, config.head_dim);
   const CudaDeviceInfo device = cuda_device_info(0);
   const double copy_GBps = measure_copy_bandwidth_GBps(0);
   std::printf("model: %s (%s)\ndevice: %s, %d SMs, copy bandwidth %.0f GB/s (read + write)\n",
@@ -130,7 +132,7 @@ void run_model_benchmark(const ModelBenchOptions& options) {
   std::mt19937 rng(1);
   for (const std::string& weights : options.weights) {
     std::printf("\n== weights %s (KV rotation %s): making random weights on the device...\n", weights.c_str(),
-                options.kv_rotation.c_str());
+                kv::rotation_kind_name(kv_rotation));
     std::fflush(stdout);
     const DeviceModel model = DeviceModel::random(config, weights == "w4", 1234);
     const double weight_bytes = static_cast<double>(model.bytes_per_token());
@@ -146,7 +148,7 @@ void run_model_benchmark(const ModelBenchOptions& options) {
           eo.max_sequences = batch;
           eo.max_tokens = context + 1;
           eo.tune_decode_gemms = options.tune_gemms;
-          eo.rotation = *rotation;
+          eo.rotation = kv_rotation;
           eo.fuse_kv_append_into_qkv = options.fuse_kv_append;
           eo.fuse_query_rotation_into_qkv = options.fuse_query_rotation;
           std::unique_ptr<CudaEngine> engine;
@@ -167,7 +169,7 @@ void run_model_benchmark(const ModelBenchOptions& options) {
               std::printf("   single-row steps: q/k norm + RoPE %s\n", engine->attention_inputs_fused_into_qkv()
                                                                       ? "in the qkv GEMM's epilogue (gemv)"
                                                                       : "in a kernel of its own");
-              const char* haar_note = eo.rotation == kv::RotationKind::haar && kv_name != "fp16"
+              const char* haar_note = kv_rotation == kv::RotationKind::haar && kv_name != "fp16"
                                           ? " (Haar rotation: --kv-rotation hadamard fuses it)"
                                           : "";
               std::printf("   single-row steps: KV append %s%s\n",
@@ -226,7 +228,7 @@ void run_model_benchmark(const ModelBenchOptions& options) {
                                   {{"config", options.config},
                                    {"batch", batch},
                                    {"context", context},
-                                   {"kv_rotation", options.kv_rotation}},
+                                   {"kv_rotation", kv::rotation_kind_name(kv_rotation)}},
                                   decode,
                                   static_cast<uint64_t>(weight_bytes + kv_read),
                                   std::nullopt,

@@ -301,6 +301,27 @@ __device__ __forceinline__ void load_head(const float* v, float (&x)[D / 32]) {
   __syncwarp();  // every lane has read v before it is reused
 }
 
+__device__ __forceinline__ void prefetch_l1(const void* p) {
+  asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p));
+}
+
+// The 128-byte lines finish_head reads besides the head itself, one per lane.
+__device__ __forceinline__ void prefetch_head_constants(const AttentionInputsArgs& ai, int64_t token, int head) {
+  const int lane = threadIdx.x % 32, hd = ai.head_dim;
+  const bool is_q = head < ai.heads, is_v = head >= ai.heads + ai.kv_heads;
+  const void* norm = is_q ? ai.q_norm : (is_v ? nullptr : ai.k_norm);
+  const float* signs = is_q ? ai.q_signs : (ai.kv_append ? ai.kv.signs : nullptr);
+  const void* line = nullptr;
+  if (lane == 0 && !is_v) line = ai.positions + token;
+  else if (lane >= 1 && lane <= 2 && !is_v && 32 * (lane - 1) < hd / 2) line = ai.inv_freq + 32 * (lane - 1);
+  else if (lane >= 3 && lane <= 4 && norm != nullptr && 64 * (lane - 3) < hd)
+    line = static_cast<const uint16_t*>(norm) + 64 * (lane - 3);  // 16-bit weights
+  else if (lane >= 5 && lane <= 8 && signs != nullptr && 32 * (lane - 5) < hd) line = signs + 32 * (lane - 5);
+  else if (lane == 9 && ai.kv_append && !is_q) line = ai.kv.lengths + token;
+  else if (lane == 10 && ai.kv_append && !is_q) line = ai.kv.part[is_v ? 1 : 0].bounds;
+  if (line != nullptr) prefetch_l1(line);
+}
+
 // One head of the epilogue, past the GEMM's sum: the per-head norm and
 // RoPE of ops::qkv_to_attention_inputs (q and k heads), then the store of
 // q/k/v in fp32, or the query rotation, or the append of k or v.
@@ -380,12 +401,21 @@ __device__ __noinline__ void write_attention_inputs(const OutputArgs a, const At
   const int warp = threadIdx.x / 32, block_col = blockIdx.x * kCols;
   float* values = reinterpret_cast<float*>(smem);  // [row][column of the block]
   const AttentionInputsArgs& ai = *attention;
+  const int hd = ai.head_dim;
+  const int block_heads = min(kCols, a.N - block_col) / hd;
   fused_epilogue(
-      a, acc, [] {},
+      a, acc,
+      // Every CTA, before the split-K count: the constants its warps' first
+      // heads will read (norm weights, RoPE frequencies, position, signs,
+      // the row's length and the codebook), prefetched into L1. After the
+      // count they were L2 round trips one after another on the step's
+      // critical path (the epilogue is one warp per head).
+      [&] {
+        if (warp >= a.rows * block_heads) return;
+        prefetch_head_constants(ai, a.m0 + warp / block_heads, (block_col + (warp % block_heads) * hd) / hd);
+      },
       [&](int row, int c, float v, bool) { values[row * kCols + c] = scalar_to_float(from_float<T>(v)); },
       [&] {
-        const int hd = ai.head_dim;
-        const int block_heads = min(kCols, a.N - block_col) / hd;
 #pragma unroll 1
         for (int task = warp; task < a.rows * block_heads; task += kWarps) {
           const int row = task / block_heads, j = task % block_heads;

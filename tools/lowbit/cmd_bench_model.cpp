@@ -28,9 +28,10 @@ void add_bench_model_command(CLI::App& bench) {
       ->delimiter(',')
       ->capture_default_str();
   model->add_option("--kv-rotation", options.kv_rotation,
-                    "TurboQuant rotation of the tq formats: haar (dense QR rotation, the seed's) or hadamard\n"
-                    "(random signs + fast Walsh-Hadamard; the qkv GEMM then also appends K/V and rotates q)")
-      ->check(CLI::IsMember({"haar", "hadamard"}))
+                    "TurboQuant rotation of the tq formats: haar (dense QR rotation, the seed's), hadamard\n"
+                    "(random signs + fast Walsh-Hadamard; the qkv GEMM then also rotates q), or auto (hadamard\n"
+                    "when head_dim is a power of two)")
+      ->check(CLI::IsMember({"auto", "haar", "hadamard"}))
       ->capture_default_str();
   model->add_option("--batch", options.batches, "Batch sizes")
       ->delimiter(',')

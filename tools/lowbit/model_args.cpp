@@ -77,10 +77,11 @@ void add_model_run_options(CLI::App& cmd, ModelRunOptions& o) {
   cmd.add_option("--kv-k", o.kv_k, "K format (overrides --kv)")->check(formats);
   cmd.add_option("--kv-v", o.kv_v, "V format (overrides --kv)")->check(formats);
   cmd.add_option("--kv-rotation", o.kv_rotation,
-                 "TurboQuant rotation of tq2/3/4 K/V, one per layer: haar (dense QR rotation, the seed's) or "
+                 "TurboQuant rotation of tq2/3/4 K/V, one per layer: haar (dense QR rotation, the seed's), "
                  "hadamard (random signs + fast Walsh-Hadamard transform, head_dim a power of two; cheaper, and on "
-                 "CUDA the decode step's qkv GEMM then also appends K/V and rotates the queries)")
-      ->check(CLI::IsMember({"haar", "hadamard"}))
+                 "CUDA the decode step's qkv GEMM then also rotates the queries), or auto (hadamard when head_dim "
+                 "is a power of two, else haar)")
+      ->check(CLI::IsMember({"auto", "haar", "hadamard"}))
       ->capture_default_str();
   cmd.add_option("--threads", o.threads, "CPU threads (default: LOWBIT_NUM_THREADS or all cores)")
       ->check(CLI::NonNegativeNumber);
@@ -104,9 +105,11 @@ engine::CpuBackendOptions backend_options(const ModelRunOptions& o) {
   engine::CpuBackendOptions b;
   b.kv.k = kv_option(o.kv_k.empty() ? o.kv : o.kv_k, "--kv-k");
   b.kv.v = kv_option(o.kv_v.empty() ? o.kv : o.kv_v, "--kv-v");
-  const auto rotation = kv::parse_rotation_kind(o.kv_rotation);
-  if (!rotation) fail_argument("--kv-rotation", o.kv_rotation, "haar or hadamard");
-  b.kv.rotation = *rotation;
+  if (o.kv_rotation != "auto") {
+    const auto rotation = kv::parse_rotation_kind(o.kv_rotation);
+    if (!rotation) fail_argument("--kv-rotation", o.kv_rotation, "auto, haar or hadamard");
+    b.kv.rotation = *rotation;
+  }
   b.threads = o.threads;
   b.tune_gemms = o.tune_gemms;
   engine::check_device(o.device);

@@ -39,7 +39,7 @@ struct ModelRunOptions {
   std::string weights = "auto";
   std::string kv = "fp16";
   std::string kv_k, kv_v;
-  std::string kv_rotation = "haar";
+  std::string kv_rotation = "auto";
   int threads = 0;
   bool tune_gemms = false;
 };

@@ -94,8 +94,9 @@ struct CudaEngineOptions {
   uint64_t rotation_seed = kv::kDefaultRotationSeedBase;
   // The TurboQuant rotation of each layer (kv/rotation.h): Haar (QR of a
   // Gaussian matrix, the seed's) or randomized Hadamard (d signs and a fast
-  // Walsh-Hadamard transform; head_dim a power of two).
-  kv::RotationKind rotation = kv::RotationKind::haar;
+  // Walsh-Hadamard transform; head_dim a power of two). Unset:
+  // kv_rotation_for (kv_store.h), Hadamard where it applies.
+  std::optional<kv::RotationKind> rotation;
   // Time the W4A16 kernels once per distinct w4 layer shape at one row
   // (w4a16_tune, a few ms each at construction) and run single-row steps
   // with the fastest. Off by default: the choice depends on timings, and the

@@ -35,11 +35,11 @@ struct KvOptions {
   int max_sequences = 1;      // sequences alive at once
   int page_size = 32;         // tokens per page (paged formats)
   uint64_t rotation_seed = 42;  // TurboQuant rotations: seed + 1000 * layer
-  // Haar (the seed's QR rotation) or randomized Hadamard (cheaper; head_dim
-  // a power of two). On CUDA a Hadamard cache also lets the decode step's
-  // QKV GEMM append K/V and rotate the queries (CudaEngineOptions::
-  // fuse_kv_append_into_qkv).
-  kv::RotationKind rotation = kv::RotationKind::haar;
+  // Haar (the seed's QR rotation) or randomized Hadamard (the signs and a
+  // fast Walsh-Hadamard transform: cheaper, and on CUDA the decode step's
+  // QKV GEMM then rotates the queries itself; head_dim a power of two).
+  // Unset: kv_rotation_for below.
+  std::optional<kv::RotationKind> rotation;
   // Paged formats: attend with the kv module's reference kernels
   // (attention_ref.h) instead of the engine's pooled loop (tests compare them).
   bool reference_attention = false;
@@ -72,5 +72,10 @@ class KvStore {
 };
 
 std::unique_ptr<KvStore> make_kv_store(const ModelConfig& config, const KvOptions& options);
+
+// The rotation a cache of this head dimension uses: `chosen` when set, else
+// Hadamard when head_dim is a power of two (on SmolLM2 it measured the
+// lower perplexity of the two with tq4 K/V: docs/engine.md), else Haar.
+kv::RotationKind kv_rotation_for(std::optional<kv::RotationKind> chosen, int64_t head_dim);
 
 }  // namespace lowbit::engine

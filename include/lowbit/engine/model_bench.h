@@ -20,9 +20,9 @@ struct ModelBenchOptions {
   std::string config = "qwen3-14b";
   std::vector<std::string> weights = {"fp16", "w4"};
   std::vector<std::string> kv = {"fp16", "tq4"};
-  // The TurboQuant rotation of the tq formats: "haar" or "hadamard"
-  // (CudaEngineOptions::rotation).
-  std::string kv_rotation = "haar";
+  // The TurboQuant rotation of the tq formats: "auto" (kv_rotation_for),
+  // "haar" or "hadamard" (CudaEngineOptions::rotation).
+  std::string kv_rotation = "auto";
   // CudaEngineOptions::fuse_kv_append_into_qkv, fuse_query_rotation_into_qkv.
   bool fuse_kv_append = true, fuse_query_rotation = true;
   std::vector<int> batches = {1, 16};
