@@ -161,9 +161,13 @@ inline constexpr double kCudaEngineLogitsRelErrorTq3 = 0.2;
 inline constexpr double kCudaEngineBatchRelError = 5e-3;
 // The default model's perplexity of the shipped text (896 tokens), CUDA
 // backend over CPU backend, same weights and KV format. Measured on an H100:
-// 1.0003 with fp16 KV and 1.00004 with tq4 (tq4 itself costs +6.9%, tq3
-// +25%), so 0.5% tells a right tq4 path from a wrong one.
+// 1.0003 with fp16 KV. With tq4 K/V the GPU quantizes K/V made in fp16 and
+// the CPU K/V made in fp32, so some coordinates land in neighbouring 4-bit
+// cells: 1.00004 with Haar rotations, 1.0088 with Hadamard ones (tq4 itself
+// costs +3.7% to +6.9% over fp16 KV, tq3 +22% to +25%; a wrong path, e.g. q
+// and k rotated differently, gives perplexities in the hundreds).
 inline constexpr double kCudaEnginePerplexityRelDiff = 5e-3;
+inline constexpr double kCudaEnginePerplexityRelDiffTq4 = 1.5e-2;
 
 // ---- entropy coding (lowbit/ans) ---------------------------------------------
 // Issue 5's size target: lowbit's format within 2% of the empirical entropy.
@@ -199,7 +203,8 @@ inline constexpr double kEngineLogitsMaxRelError = 1e-4;
 inline constexpr double kEngineW4LogitsMaxRelError = 1e-4;
 // Issue 6 targets >= 99% top-1 agreement of tq4 K/V with fp16 K/V over 256
 // teacher-forced decode steps. On the default model, SmolLM2-135M (head_dim
-// 64, 30 layers), we measure 86-87% (K alone 87%, V alone 94%): 4-bit TurboQuant
+// 64, 30 layers), we measure 89.8% with Hadamard rotations (the engine's
+// default) and 86-87% with Haar ones (K alone 87%, V alone 94%): 4-bit TurboQuant
 // (relative MSE 0.009 per vector, as theory says) perturbs the attention
 // scores of this small model enough to flip near-ties. The floor asserted is
 // below the measurement with room for the ~+-3% a different prompt gives; a

@@ -170,7 +170,7 @@ void run_model_benchmark(const ModelBenchOptions& options) {
                                                                       ? "in the qkv GEMM's epilogue (gemv)"
                                                                       : "in a kernel of its own");
               const char* haar_note = kv_rotation == kv::RotationKind::haar && kv_name != "fp16"
-                                          ? " (Haar rotation: --kv-rotation hadamard fuses it)"
+                                          ? " (Haar rotation: a Hadamard one is fused)"
                                           : "";
               std::printf("   single-row steps: KV append %s%s\n",
                           engine->kv_append_fused_into_qkv() ? "in the qkv GEMM's epilogue (gemv)"

@@ -373,6 +373,7 @@ TEST(CudaEngine, KvAppendFromTheQkvGemmGivesTheSameBits) {
         options.rotation = kv::RotationKind::hadamard;
         options.decode_gemm = W4A16Options{W4A16Strategy::gemv, 0};
         options.fuse_norms_into_gemms = arch == Architecture::qwen3;
+        options.fuse_kv_append_into_qkv = options.fuse_query_rotation_into_qkv = true;
         CudaEngine fused(device_model, options);
         options.fuse_kv_append_into_qkv = false;
         options.fuse_query_rotation_into_qkv = false;

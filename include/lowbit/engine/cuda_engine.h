@@ -139,14 +139,20 @@ struct CudaEngineOptions {
   // fewer per layer, the same bits.
   bool fuse_attention_inputs_into_qkv = true;
   // When that QKV epilogue runs (head_dim 64 or 128) and the cache's
-  // rotation is Hadamard, it can also quantize K and V straight into the
-  // cache (W4A16AttentionInputs::kv_append; also for fp16 K and V, whatever
-  // the rotation) and rotate and scale the queries as the decode attention
-  // takes them (q_rotation_signs): one launch fewer per layer each, the same
-  // bits. (A Haar rotation is a 64 KB matrix per layer, which an epilogue
-  // warp does not read.)
-  bool fuse_kv_append_into_qkv = true;
+  // rotation is Hadamard, it rotates and scales the queries as the decode
+  // attention takes them (W4A16AttentionInputs::q_rotation_signs): one
+  // launch fewer per layer, the same bits; Qwen3-14B w4 + tq4 at batch 1 /
+  // 1k: 215.6-216.5 tok/s against 210.2-212.0 with Haar rotations
+  // (docs/engine.md, v11). (A Haar rotation is a 64 KB matrix per layer,
+  // which an epilogue warp does not read.)
   bool fuse_query_rotation_into_qkv = true;
+  // The epilogue can also quantize K and V straight into the cache
+  // (W4A16AttentionInputs::kv_append; also for fp16 K and V, whatever the
+  // rotation): the same bits, one launch fewer, but slower in a replayed
+  // step (213.7-214.2 tok/s with it against 215.6-216.5 without): the
+  // quantization's latency lands on the critical path, where the separate
+  // kernel's mostly overlapped its neighbours. Off by default.
+  bool fuse_kv_append_into_qkv = false;
 };
 
 // One row of a step: `n` new tokens of sequence `seq` at positions
