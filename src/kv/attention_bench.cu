@@ -73,8 +73,9 @@ __global__ void fix_scales_kernel(std::byte* pool, int64_t slabs, int64_t slab_b
   }
 }
 
-kv::KvCacheConfig bench_config(kv::KvFormat format, int page_size, int64_t pages) {
+kv::KvCacheConfig bench_config(kv::KvFormat format, int page_size, int64_t pages, bool hadamard) {
   kv::KvCacheConfig c;
+  c.rotation = hadamard ? kv::RotationKind::hadamard : kv::RotationKind::haar;
   c.num_layers = 1;
   c.num_kv_heads = kKvHeads;
   c.head_dim = kHeadDim;
@@ -153,8 +154,8 @@ void run_kv_attention_benchmark(const KvAttentionBenchOptions& options) {
   std::printf("device: %s, %d SMs; measured copy bandwidth %.0f GB/s; L2 evicted between calls by %s\n",
               dev.name.c_str(), dev.sm_count, copy_GBps,
               options.flush_by_reading ? "reading a buffer (clean lines)" : "writing a buffer (dirty lines)");
-  std::printf("geometry: %d query heads over %d KV heads, head_dim %d, page %d tokens\n", kQHeads, kKvHeads, kHeadDim,
-              options.page_size);
+  std::printf("geometry: %d query heads over %d KV heads, head_dim %d, page %d tokens; %s rotation\n", kQHeads,
+              kKvHeads, kHeadDim, options.page_size, options.hadamard ? "Hadamard" : "Haar");
   std::unique_ptr<bench::JsonRowsWriter> json;
   if (!options.json_path.empty()) json = std::make_unique<bench::JsonRowsWriter>(options.json_path);
   cuda::CudaTimerOptions timer;
@@ -171,7 +172,7 @@ void run_kv_attention_benchmark(const KvAttentionBenchOptions& options) {
       for (const auto& [format, impl] : impls) {
         const int64_t per_seq = (context + options.page_size - 1) / options.page_size;
         const int64_t pages = per_seq * batch;
-        const kv::KvCacheConfig config = bench_config(format, options.page_size, pages);
+        const kv::KvCacheConfig config = bench_config(format, options.page_size, pages, options.hadamard);
         const int64_t vec_bytes = static_cast<int64_t>(kv::kv_vector_bytes(format, kHeadDim, config.scale_dtype));
         const int64_t slab = (vec_bytes * 2) * options.page_size;  // K + V, scales padded to 16 B by the layout
         const size_t need = static_cast<size_t>(pages * kKvHeads * slab) +
@@ -206,7 +207,8 @@ void run_kv_attention_benchmark(const KvAttentionBenchOptions& options) {
           row.suite = "kv_decode_attention";
           row.impl = impl;
           row.shape = {{"batch", batch},        {"context", context},     {"q_heads", kQHeads},
-                       {"kv_heads", kKvHeads}, {"head_dim", kHeadDim}, {"page_size", options.page_size}};
+                       {"kv_heads", kKvHeads}, {"head_dim", kHeadDim}, {"page_size", options.page_size},
+                       {"rotation", std::string(options.hadamard ? "hadamard" : "haar")}};
           row.bytes = static_cast<uint64_t>(batch) * static_cast<uint64_t>(context) * kKvHeads *
                       static_cast<uint64_t>(2 * vec_bytes);
           row.stats = cuda::time_cuda(
@@ -255,7 +257,7 @@ void run_kv_attention_benchmark(const KvAttentionBenchOptions& options) {
   // ---- the cost of quantizing a long prefill's K/V ----
   const int64_t n = options.prefill_tokens;
   const int64_t pages = (n + options.page_size - 1) / options.page_size;
-  const kv::KvCacheConfig config = bench_config(kv::KvFormat::tq4, options.page_size, pages);
+  const kv::KvCacheConfig config = bench_config(kv::KvFormat::tq4, options.page_size, pages, options.hadamard);
   const kv::DeviceKvCache cache(config);
   const kv::DeviceBlockTables tables = random_tables(1, n, options.page_size, pages, 9);
   const Buffer k = random_floats(static_cast<size_t>(n) * kKvHeads * kHeadDim, 21);

@@ -40,9 +40,18 @@ void add_bench_attention_command(CLI::App& bench) {
                   "by the split heuristic; their rows are marked split_forced")
       ->delimiter(',')
       ->check(CLI::PositiveNumber);
+  static std::string rotation = "haar";
+  cmd->add_option("--rotation", rotation,
+                  "Rotation of the tq4 cache: haar (a 64 KB matrix per layer, read by the query rotation and the\n"
+                  "output's un-rotation) or hadamard (the signs and a fast Walsh-Hadamard transform)")
+      ->check(CLI::IsMember({"haar", "hadamard"}))
+      ->capture_default_str();
   cmd->add_option("--json", options.json_path, "Write one JSON row per measurement to this file");
   add_l2_flush_option(*cmd, options.flush_by_reading);
-  cmd->callback([] { run_kv_attention_benchmark(options); });
+  cmd->callback([] {
+    options.hadamard = rotation == "hadamard";
+    run_kv_attention_benchmark(options);
+  });
 }
 
 }  // namespace lowbit::cli
