@@ -3,7 +3,10 @@
 // chained with programmatic dependent launch:
 //  1. rotate_queries (quantized K only): q' = q @ M once per query head
 //     (never a key un-rotation), times softmax_scale * log2(e) so the softmax
-//     runs on exp2; for fp16 K the attention kernel applies that scale.
+//     runs on exp2; for fp16 K the attention kernel applies that scale. With
+//     a Hadamard rotation the attention CTAs rotate their group's queries
+//     themselves (no kernel), and a caller may pass them rotated already
+//     (DeviceDecodeOptions::queries_rotated).
 //  2. attend<KF, VF, wide>: one CTA per (row, KV head, KV chunk), of 8 or 16
 //     warps for packed K and V (TileLayout), 4 when either is fp16.
 //  3. merge: the exact log-sum-exp merge of the chunks, then out = o @ M^T
@@ -99,6 +102,12 @@ struct AttnArgs {
   // caller's kernel made q and appended the K/V, DeviceDecodeOptions::
   // queries_rotated): the chunk holding it is read only after the wait.
   bool newest_token_fresh;
+  // Hadamard rotation, queries not rotated by the caller: each CTA rotates
+  // its group's queries itself (signs and scale below) into shared memory at
+  // q_stage_offset, instead of a rotation kernel before it.
+  const float* q_signs;
+  float q_rotate_scale;
+  int q_stage_offset;
   float q_scale;         // applied to q here: 1, or softmax_scale * log2(e) when not rotated
   int64_t split_tokens;
   int max_splits;
@@ -493,6 +502,8 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32, Til
     if (issued < n_my) issue_page = table[issue_page_index];
   };
   uint32_t* lut_fill = reinterpret_cast<uint32_t*>(smem);
+  float lane_signs[D / 32];
+  if (a.q_signs != nullptr) load_lane_signs<D>(a.q_signs, lane_signs);  // constant: before any wait
   if (a.queries_rotated && !(a.newest_token_fresh && t1 == len)) {
     // The rotation kernel before this one waited for the kernel that wrote
     // the K/V pages: they are complete, so their loads go out first and the
@@ -527,6 +538,23 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32, Til
   uint32_t qb[D / 16][2];
   {
     const float* qrow = a.q + ((static_cast<int64_t>(r) * a.num_q_heads + h * a.group) + g) * D;
+    if (a.q_signs != nullptr) {
+      // The group's queries rotated here, one warp per head (hadamard_warp.cuh,
+      // the rotation kernel's arithmetic): with the d signs instead of a 64 KB
+      // matrix, this costs less than the launch of a kernel before this one.
+      float* staged = reinterpret_cast<float*>(smem + a.q_stage_offset);
+      for (int w = warp; w < a.group; w += kWarps) {
+        const float* src = a.q + ((static_cast<int64_t>(r) * a.num_q_heads + h * a.group) + w) * D;
+        float v[D / 32];
+#pragma unroll
+        for (int u = 0; u < D / 32; ++u) v[u] = src[lane + 32 * u];
+        hadamard_rotate_warp<D>(v, lane_signs, a.q_rotate_scale);
+#pragma unroll
+        for (int u = 0; u < D / 32; ++u) staged[w * D + lane + 32 * u] = v[u];
+      }
+      __syncthreads();
+      qrow = staged + g * D;
+    }
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
       float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -713,27 +741,6 @@ __global__ void __launch_bounds__(kRotThreads<D>) rotate_queries_kernel(const fl
   }
 }
 
-// The same for a Hadamard rotation (hadamard_warp.cuh): one warp per query
-// head of the group, the d signs instead of the 64 KB of M.
-template <int D>
-__global__ void __launch_bounds__(32 * kDeviceMaxGroup)
-    rotate_queries_hadamard_kernel(const float* q, const float* signs, float* out, int num_q_heads, int group,
-                                   float scale_log2) {
-  float lane_signs[D / 32];  // constant: loaded before waiting
-  load_lane_signs<D>(signs, lane_signs);
-  cuda::pdl_wait();
-  cuda::pdl_launch_dependents();
-  const int r = blockIdx.x, h = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (warp >= group) return;
-  const int64_t base = (static_cast<int64_t>(r) * num_q_heads + h * group + warp) * D;
-  float v[D / 32];
-#pragma unroll
-  for (int u = 0; u < D / 32; ++u) v[u] = q[base + lane + 32 * u];
-  hadamard_rotate_warp<D>(v, lane_signs, scale_log2);
-#pragma unroll
-  for (int u = 0; u < D / 32; ++u) out[base + lane + 32 * u] = v[u];
-}
-
 // out[row][qh] = sum_c 2^(lse_c - M) o_c / sum_c 2^(lse_c - M) over the row's
 // chunks, then @ M^T when V is rotated (mt; or, for a Hadamard rotation, by
 // its signs). In place when part_out == out (one chunk).
@@ -851,14 +858,20 @@ void launch_attend(const AttnArgs& a, dim3 grid, cudaStream_t stream) {
   const int lut_bytes = 4 * L::kRowWords * (lut_entries(KF) + (VF == KF ? 0 : lut_entries(VF)));
   // The epilogue's region: the warps' outputs, then their m and l.
   const int merge_bytes = 4 * (L::kWarps * 8 * D + 2 * L::kWarps * 8);
-  const int smem = lut_bytes + std::max(L::kWarps * L::kStages * L::kStageBytes, merge_bytes);
+  int smem = lut_bytes + std::max(L::kWarps * L::kStages * L::kStageBytes, merge_bytes);
+  AttnArgs args = a;
+  if (a.q_signs != nullptr) {  // the rotated queries of the group after everything else
+    args.q_stage_offset = smem;
+    smem += 4 * kDeviceMaxGroup * D;
+  }
   static int configured = 0;
   if (configured < smem) {
     LOWBIT_CUDA_CHECK(
         cudaFuncSetAttribute(attend_kernel<KF, VF, kWide, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     configured = smem;
   }
-  cuda::launch_with_pdl(attend_kernel<KF, VF, kWide, D>, grid, dim3(32 * L::kWarps), static_cast<size_t>(smem), stream, a);
+  cuda::launch_with_pdl(attend_kernel<KF, VF, kWide, D>, grid, dim3(32 * L::kWarps), static_cast<size_t>(smem), stream,
+                        args);
 }
 
 // The wide layout is built for d = 128 only (plan_decode never picks it at
@@ -998,15 +1011,16 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
   // attention CTA instead, 64 KB of M read per CTA, measured 3-4 us slower
   // for tq4 K/V at batch 1 and 8). fp16 K: the attention kernel scales q
   // itself, one launch fewer (2-3 us at batch 1).
-  // DeviceDecodeOptions::queries_rotated: the caller's kernel did it.
-  const bool rotate_here = k_rot && !options.queries_rotated;
+  // DeviceDecodeOptions::queries_rotated: the caller's kernel did it. A
+  // Hadamard rotation is done inside the attention CTAs (no kernel before
+  // them: at batch 8 / 32k 122.3 us with the rotation kernel before, see
+  // docs/kv-cache.md); a Haar one by a kernel of its own (each CTA reading the
+  // 64 KB matrix measured 3-4 us slower).
   const float* signs = cache.hadamard_signs(layer);
+  const bool rotate_in_cta = k_rot && !options.queries_rotated && signs != nullptr;
+  const bool rotate_here = k_rot && !options.queries_rotated && !rotate_in_cta;
   float* q_rot = rotate_here ? ws.q_rotated(q_floats) : nullptr;
-  if (rotate_here && signs != nullptr) {
-    auto kernel = d == 64 ? rotate_queries_hadamard_kernel<64> : rotate_queries_hadamard_kernel<128>;
-    cuda::launch_with_pdl(kernel, dim3(rows, H), dim3(32 * kDeviceMaxGroup), 0, stream, q, signs, q_rot,
-                          num_q_heads, group, decode_query_scale(cfg, options));
-  } else if (rotate_here) {
+  if (rotate_here) {
     if (d == 64)
       cuda::launch_with_pdl(rotate_queries_kernel<64>, dim3(rows, H), dim3(kRotThreads<64>), 0, stream, q,
                             cache.rotation(layer), q_rot, num_q_heads, group, decode_query_scale(cfg, options));
@@ -1029,7 +1043,11 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
   a.first_pos = first_pos;
   a.q = rotate_here ? q_rot : q;
   a.queries_rotated = k_rot;
-  a.newest_token_fresh = options.queries_rotated;
+  // No kernel between the caller's last one and this: it may have appended
+  // each row's newest token.
+  a.newest_token_fresh = options.queries_rotated || rotate_in_cta;
+  a.q_signs = rotate_in_cta ? signs : nullptr;
+  a.q_rotate_scale = decode_query_scale(cfg, options);
   a.q_scale = k_rot ? 1.0f : scale * kLog2e;
   a.split_tokens = split;
   a.max_splits = max_splits;
