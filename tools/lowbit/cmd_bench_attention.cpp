@@ -40,10 +40,11 @@ void add_bench_attention_command(CLI::App& bench) {
                   "by the split heuristic; their rows are marked split_forced")
       ->delimiter(',')
       ->check(CLI::PositiveNumber);
-  static std::string rotation = "haar";
+  static std::string rotation = "hadamard";
   cmd->add_option("--rotation", rotation,
-                  "Rotation of the tq4 cache: haar (a 64 KB matrix per layer, read by the query rotation and the\n"
-                  "output's un-rotation) or hadamard (the signs and a fast Walsh-Hadamard transform)")
+                  "Rotation of the tq4 cache: hadamard (the signs and a fast Walsh-Hadamard transform, done inside\n"
+                  "the attention kernels; the engine's default at head_dim 128) or haar (a 64 KB matrix per layer,\n"
+                  "read by a query rotation kernel and by the output's un-rotation)")
       ->check(CLI::IsMember({"haar", "hadamard"}))
       ->capture_default_str();
   cmd->add_option("--json", options.json_path, "Write one JSON row per measurement to this file");

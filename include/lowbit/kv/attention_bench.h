@@ -22,7 +22,7 @@ struct KvAttentionBenchOptions {
   int prefill_reps = 3;            // the prefill attention takes ~0.1 s per call
   std::vector<int64_t> split_tokens;  // chunk lengths timed besides the chosen one (multiples of 16)
   bool flush_by_reading = false;   // L2 eviction: false writes a buffer (as the SDPA anchors), true reads one
-  bool hadamard = false;           // the tq4 cache's rotation: Haar (the seed's) or randomized Hadamard
+  bool hadamard = true;            // the tq4 cache's rotation: randomized Hadamard (the engine's default) or Haar
   std::string json_path;           // JSON rows, one per line, when not empty
 };
 
