@@ -537,6 +537,42 @@ TEST(W4A16Gemm, GemvResidualAddAndRmsNormEqualTheSeparateKernels) {
 // RoPE layouts, positions up to 70000 (large angles), 1 and 3 rows, K split
 // automatic and 5, and with x read through RMSNorm (the engine's qkv GEMM
 // of every layer after the first). The options it cannot honour are refused.
+// The per-head norm weights (q, then k: fp16 around 1) and the RoPE
+// frequencies of a head_dim, on the device, for the attention-inputs tests.
+struct HeadTables {
+  Buffer norms, freq;
+  TensorView q_norm, k_norm;
+};
+HeadTables make_head_tables(int64_t hd, std::mt19937_64& rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<uint16_t> norm_bits(static_cast<size_t>(2 * hd));
+  for (auto& v : norm_bits) v = to_bits(1.0f + 0.2f * normal(rng), DType::f16);
+  std::vector<float> inv_freq(static_cast<size_t>(hd / 2));
+  for (int64_t i = 0; i < hd / 2; ++i)
+    inv_freq[static_cast<size_t>(i)] = static_cast<float>(1.0 / std::pow(10000.0, 2.0 * i / hd));
+  HeadTables t{Buffer(norm_bits.size() * 2, Device::cuda), Buffer(inv_freq.size() * 4, Device::cuda), {}, {}};
+  Buffer::copy(t.norms.data(), Device::cuda, norm_bits.data(), Device::cpu, t.norms.size());
+  Buffer::copy(t.freq.data(), Device::cuda, inv_freq.data(), Device::cpu, t.freq.size());
+  t.q_norm = TensorView::contiguous(t.norms.data(), DType::f16, {hd}, Device::cuda);
+  t.k_norm = TensorView::contiguous(static_cast<std::byte*>(t.norms.data()) + hd * 2, DType::f16, {hd}, Device::cuda);
+  return t;
+}
+
+// W4A16AttentionInputs with the per-head norms, eps 1e-6, half RoPE.
+W4A16AttentionInputs attention_inputs_of(int64_t heads, int64_t kv_heads, int64_t hd, const HeadTables& t,
+                                         const Buffer& positions) {
+  W4A16AttentionInputs inputs;
+  inputs.num_heads = heads;
+  inputs.num_kv_heads = kv_heads;
+  inputs.head_dim = hd;
+  inputs.q_norm = t.q_norm.data;
+  inputs.k_norm = t.k_norm.data;
+  inputs.eps = 1e-6f;
+  inputs.positions = positions.as<int32_t>();
+  inputs.inv_freq = t.freq.as<float>();
+  return inputs;
+}
+
 // W4A16AttentionInputs::kv_append and q_rotation_signs: the QKV epilogue
 // stores K/V into a Hadamard TurboQuant cache with the bytes of
 // kv::device_append_tokens (fed by the GEMM + qkv_to_attention_inputs path),
@@ -564,31 +600,24 @@ TEST(W4A16Gemm, GemvAttentionInputsAppendKvAndRotateQueriesAsTheKvKernelsDo) {
     const W4A16Weights w = W4A16Weights::prepare(layer, DType::f16);
     std::mt19937_64 rng(seed++);
     std::normal_distribution<float> normal(0.0f, 1.0f);
-    std::vector<uint16_t> norm_bits(static_cast<size_t>(2 * hd));
-    for (auto& v : norm_bits) v = to_bits(1.0f + 0.2f * normal(rng), DType::f16);
-    std::vector<float> inv_freq(static_cast<size_t>(hd / 2));
-    for (int64_t i = 0; i < hd / 2; ++i)
-      inv_freq[static_cast<size_t>(i)] = static_cast<float>(1.0 / std::pow(10000.0, 2.0 * i / hd));
-    Buffer norms(norm_bits.size() * 2, Device::cuda), freq(inv_freq.size() * 4, Device::cuda);
-    Buffer::copy(norms.data(), Device::cuda, norm_bits.data(), Device::cpu, norms.size());
-    Buffer::copy(freq.data(), Device::cuda, inv_freq.data(), Device::cpu, freq.size());
-    const auto q_norm_view = TensorView::contiguous(norms.data(), DType::f16, {hd}, Device::cuda);
-    const auto k_norm_view = TensorView::contiguous(static_cast<std::byte*>(norms.data()) + hd * 2, DType::f16, {hd},
-                                                    Device::cuda);
+    const HeadTables tables = make_head_tables(hd, rng);
+    const TensorView& q_norm_view = tables.q_norm;
+    const TensorView& k_norm_view = tables.k_norm;
+    const Buffer& freq = tables.freq;
     for (const int64_t M : {1, 3}) {
       // Row r's newest token is at position lengths[r] - 1: the first slot
       // of a page, the last, and one inside.
       const std::vector<int64_t> all_lengths = {17, 16, 40};
       const std::vector<int64_t> lengths(all_lengths.begin(), all_lengths.begin() + M);
-      std::vector<std::vector<int32_t>> tables;
+      std::vector<std::vector<int32_t>> page_tables;
       int32_t next_page = 0;
       for (int64_t len : lengths) {
         std::vector<int32_t> t;
         for (int64_t p = 0; p < (len + kPage - 1) / kPage; ++p) t.push_back(next_page++);
         std::reverse(t.begin(), t.end());  // pages out of order
-        tables.push_back(t);
+        page_tables.push_back(t);
       }
-      const kv::DeviceBlockTables dt = kv::DeviceBlockTables::from_host(tables, lengths, kPage);
+      const kv::DeviceBlockTables dt = kv::DeviceBlockTables::from_host(page_tables, lengths, kPage);
       std::vector<int32_t> positions;
       for (int64_t len : lengths) positions.push_back(static_cast<int32_t>(len - 1));
       std::vector<uint16_t> x(static_cast<size_t>(M * K));
@@ -629,15 +658,7 @@ TEST(W4A16Gemm, GemvAttentionInputsAppendKvAndRotateQueriesAsTheKvKernelsDo) {
           kv::device_append_tokens(separate, kLayer, dt, k32.as<float>(), v32.as<float>());
 
           const kv::KvAppendTarget target = kv::device_append_target(fused, kLayer, dt);
-          W4A16AttentionInputs inputs;
-          inputs.num_heads = kHeads;
-          inputs.num_kv_heads = kKvHeads;
-          inputs.head_dim = hd;
-          inputs.q_norm = q_norm_view.data;
-          inputs.k_norm = k_norm_view.data;
-          inputs.eps = 1e-6f;
-          inputs.positions = pos.as<int32_t>();
-          inputs.inv_freq = freq.as<float>();
+          W4A16AttentionInputs inputs = attention_inputs_of(kHeads, kKvHeads, hd, tables, pos);
           inputs.q_out = q_fused.as<float>();
           inputs.q_rotation_signs = fused.hadamard_signs(kLayer);
           inputs.q_scale = kv::decode_query_scale(c, {});
@@ -696,17 +717,10 @@ TEST(W4A16Gemm, GemvAttentionInputsEqualTheGemmThenTheirKernel) {
     const W4A16Weights w = W4A16Weights::prepare(layer, DType::f16);
     std::mt19937_64 rng(seed++);
     std::normal_distribution<float> normal(0.0f, 1.0f);
-    std::vector<uint16_t> norm_bits(static_cast<size_t>(2 * hd));
-    for (auto& v : norm_bits) v = to_bits(1.0f + 0.2f * normal(rng), DType::f16);
-    std::vector<float> inv_freq(static_cast<size_t>(hd / 2));
-    for (int64_t i = 0; i < hd / 2; ++i)
-      inv_freq[static_cast<size_t>(i)] = static_cast<float>(1.0 / std::pow(10000.0, 2.0 * i / hd));
-    Buffer norms(norm_bits.size() * 2, Device::cuda), freq(inv_freq.size() * 4, Device::cuda);
-    Buffer::copy(norms.data(), Device::cuda, norm_bits.data(), Device::cpu, norms.size());
-    Buffer::copy(freq.data(), Device::cuda, inv_freq.data(), Device::cpu, freq.size());
-    const auto q_norm_view = TensorView::contiguous(norms.data(), DType::f16, {hd}, Device::cuda);
-    const auto k_norm_view = TensorView::contiguous(static_cast<std::byte*>(norms.data()) + hd * 2, DType::f16, {hd},
-                                                    Device::cuda);
+    const HeadTables tables = make_head_tables(hd, rng);
+    const TensorView& q_norm_view = tables.q_norm;
+    const TensorView& k_norm_view = tables.k_norm;
+    const Buffer& freq = tables.freq;
     for (const int64_t M : {1, 3}) {
       std::vector<uint16_t> x(static_cast<size_t>(M * K));
       for (auto& v : x) v = to_bits(normal(rng), DType::f16);
@@ -746,15 +760,8 @@ TEST(W4A16Gemm, GemvAttentionInputsEqualTheGemmThenTheirKernel) {
                                          interleaved ? ops::RopeStyle::interleaved : ops::RopeStyle::half,
                                          f32_view(outs[0][0], kHeads), f32_view(outs[0][1], kKvHeads),
                                          f32_view(outs[0][2], kKvHeads));
-            W4A16AttentionInputs inputs;
-            inputs.num_heads = kHeads;
-            inputs.num_kv_heads = kKvHeads;
-            inputs.head_dim = hd;
-            inputs.q_norm = with_norms ? q_norm_view.data : nullptr;
-            inputs.k_norm = with_norms ? k_norm_view.data : nullptr;
-            inputs.eps = 1e-6f;
-            inputs.positions = pos.as<int32_t>();
-            inputs.inv_freq = freq.as<float>();
+            W4A16AttentionInputs inputs = attention_inputs_of(kHeads, kKvHeads, hd, tables, pos);
+            if (!with_norms) inputs.q_norm = inputs.k_norm = nullptr;
             inputs.rope_interleaved = interleaved;
             inputs.q_out = outs[1][0].as<float>();
             inputs.k_out = outs[1][1].as<float>();
@@ -796,15 +803,7 @@ TEST(W4A16Gemm, GemvAttentionInputsEqualTheGemmThenTheirKernel) {
                                    TensorView::contiguous(freq.data(), DType::f32, {hd / 2}, Device::cuda),
                                    ops::RopeStyle::half, f32_view(outs[0][0], kHeads), f32_view(outs[0][1], kKvHeads),
                                    f32_view(outs[0][2], kKvHeads));
-      W4A16AttentionInputs inputs;
-      inputs.num_heads = kHeads;
-      inputs.num_kv_heads = kKvHeads;
-      inputs.head_dim = hd;
-      inputs.q_norm = q_norm_view.data;
-      inputs.k_norm = k_norm_view.data;
-      inputs.eps = 1e-6f;
-      inputs.positions = pos.as<int32_t>();
-      inputs.inv_freq = freq.as<float>();
+      W4A16AttentionInputs inputs = attention_inputs_of(kHeads, kKvHeads, hd, tables, pos);
       inputs.q_out = outs[1][0].as<float>();
       inputs.k_out = outs[1][1].as<float>();
       inputs.v_out = outs[1][2].as<float>();
