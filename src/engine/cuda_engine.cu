@@ -457,13 +457,6 @@ bool CudaEngine::qkv_makes_attention_inputs(const DeviceLinear& qkv, int64_t M) 
          single_row_options(qkv).strategy == W4A16Strategy::gemv;
 }
 
-bool CudaEngine::qkv_appends_kv(const DeviceLinear& qkv, int64_t M) const {
-  const kv::KvCacheConfig& kc = cache_->config();
-  const bool quantized = kv::is_quantized(kc.k_format) || kv::is_quantized(kc.v_format);
-  return options_.fuse_kv_append_into_qkv && qkv_makes_attention_inputs(qkv, M) &&
-         (kc.head_dim == 64 || kc.head_dim == 128) && (!quantized || kc.rotation == kv::RotationKind::hadamard);
-}
-
 bool CudaEngine::qkv_rotates_queries(const DeviceLinear& qkv, int64_t M) const {
   const kv::KvCacheConfig& kc = cache_->config();
   return options_.fuse_query_rotation_into_qkv && qkv_makes_attention_inputs(qkv, M) &&
@@ -491,18 +484,15 @@ void CudaEngine::linear(const DeviceLinear& w, const void* x, int64_t M, void* y
 }
 
 void CudaEngine::attention_layer(int layer, std::span<const StepRow> rows,
-                                 const kv::DeviceBlockTables& tables, int64_t M, bool kv_appended,
-                                 bool queries_rotated) {
+                                 const kv::DeviceBlockTables& tables, int64_t M, bool queries_rotated) {
   const ModelConfig& c = model_.config;
   const int hq = static_cast<int>(c.num_heads);
   const bool decode = static_cast<int64_t>(rows.size()) == M;  // one token per row
   // The attention output goes straight to fp16 (the o projection's input).
   kv::DeviceDecodeOptions options;
   if (decode) {
-    if (!kv_appended) {
-      kv::device_append_tokens(*cache_, layer, tables, k32_.as<float>(), v32_.as<float>(), stream_);
-      mark("KV append");
-    }
+    kv::device_append_tokens(*cache_, layer, tables, k32_.as<float>(), v32_.as<float>(), stream_);
+    mark("KV append");
     options.queries_rotated = queries_rotated;
     options.out_f16 = attn_.data();
     options.plan_length = plan_length_;
@@ -678,9 +668,8 @@ void CudaEngine::launch(const int32_t* d_tokens) {
     // GEMM's epilogue, or in one launch after it.
     const bool norm_in_qkv = l > 0 && fuses_norm(model_.layers[static_cast<size_t>(l - 1)].down, L.qkv, M);
     const bool prep_in_qkv = qkv_makes_attention_inputs(L.qkv, M);
-    const bool kv_in_qkv = qkv_appends_kv(L.qkv, M), rotation_in_qkv = qkv_rotates_queries(L.qkv, M);
+    const bool rotation_in_qkv = qkv_rotates_queries(L.qkv, M);
     W4A16AttentionInputs inputs;
-    kv::KvAppendTarget kv_target;
     if (prep_in_qkv) {
       inputs.num_heads = c.num_heads;
       inputs.num_kv_heads = c.num_kv_heads;
@@ -694,10 +683,6 @@ void CudaEngine::launch(const int32_t* d_tokens) {
       inputs.q_out = q32_.as<float>();
       inputs.k_out = k32_.as<float>();
       inputs.v_out = v32_.as<float>();
-      if (kv_in_qkv) {
-        kv_target = kv::device_append_target(*cache_, static_cast<int>(l), tables_);
-        inputs.kv_append = &kv_target;
-      }
       if (rotation_in_qkv) {
         inputs.q_rotation_signs = cache_->hadamard_signs(static_cast<int>(l));
         inputs.q_scale = kv::decode_query_scale(cache_->config(), {});
@@ -705,12 +690,8 @@ void CudaEngine::launch(const int32_t* d_tokens) {
     }
     linear(L.qkv, norm_in_qkv ? residual_.data() : normed_.data(), M, qkv_.data(),
            {.x_norm = norm_in_qkv ? &L.attn_norm : nullptr, .attention_inputs = prep_in_qkv ? &inputs : nullptr});
-    mark(norm_in_qkv ? (kv_in_qkv     ? "RMSNorm + qkv GEMM + q/k norm + RoPE + KV append"
-                        : prep_in_qkv ? "RMSNorm + qkv GEMM + q/k norm + RoPE"
-                                      : "RMSNorm + qkv GEMM")
-                     : (kv_in_qkv     ? "qkv GEMM + q/k norm + RoPE + KV append"
-                        : prep_in_qkv ? "qkv GEMM + q/k norm + RoPE"
-                                      : "qkv GEMM"));
+    mark(norm_in_qkv ? (prep_in_qkv ? "RMSNorm + qkv GEMM + q/k norm + RoPE" : "RMSNorm + qkv GEMM")
+                     : (prep_in_qkv ? "qkv GEMM + q/k norm + RoPE" : "qkv GEMM"));
     if (!prep_in_qkv) {
       const TensorView q_norm = dev(L.q_norm.data(), DType::f16, {c.head_dim});
       const TensorView k_norm = dev(L.k_norm.data(), DType::f16, {c.head_dim});
@@ -722,7 +703,7 @@ void CudaEngine::launch(const int32_t* d_tokens) {
                                    dev(v32_.data(), DType::f32, {M, c.kv_dim()}), stream_);
       mark("q/k norm + RoPE + fp32");
     }
-    attention_layer(static_cast<int>(l), rows_, tables_, M, kv_in_qkv, rotation_in_qkv);
+    attention_layer(static_cast<int>(l), rows_, tables_, M, rotation_in_qkv);
     if (fuses_norm(L.o, L.gate_up, M)) {
       linear(L.o, attn_.data(), M, residual_.data(), {.residual_out = true});
       mark("o GEMM + residual add");

@@ -149,7 +149,6 @@ void run_model_benchmark(const ModelBenchOptions& options) {
           eo.max_tokens = context + 1;
           eo.tune_decode_gemms = options.tune_gemms;
           eo.rotation = kv_rotation;
-          eo.fuse_kv_append_into_qkv = options.fuse_kv_append;
           eo.fuse_query_rotation_into_qkv = options.fuse_query_rotation;
           std::unique_ptr<CudaEngine> engine;
           try {
@@ -169,17 +168,13 @@ void run_model_benchmark(const ModelBenchOptions& options) {
               std::printf("   single-row steps: q/k norm + RoPE %s\n", engine->attention_inputs_fused_into_qkv()
                                                                       ? "in the qkv GEMM's epilogue (gemv)"
                                                                       : "in a kernel of its own");
-              const char* haar_note = kv_rotation == kv::RotationKind::haar && kv_name != "fp16"
-                                          ? " (Haar rotation: a Hadamard one is fused)"
-                                          : "";
-              std::printf("   single-row steps: KV append %s%s\n",
-                          engine->kv_append_fused_into_qkv() ? "in the qkv GEMM's epilogue (gemv)"
-                                                             : "in a kernel of its own",
-                          engine->kv_append_fused_into_qkv() ? "" : haar_note);
-              std::printf("   single-row steps: query rotation %s%s\n",
-                          engine->query_rotation_fused_into_qkv() ? "in the qkv GEMM's epilogue (gemv)"
-                                                                  : "in a kernel of its own",
-                          engine->query_rotation_fused_into_qkv() ? "" : haar_note);
+              const char* unfused = kv_rotation == kv::RotationKind::haar
+                                        ? "in a kernel of its own (Haar rotation)"
+                                        : "in the attention kernel";
+              std::printf("   single-row steps: query rotation %s\n",
+                          kv_name == "fp16"                         ? "none (fp16 K)"
+                          : engine->query_rotation_fused_into_qkv() ? "in the qkv GEMM's epilogue (gemv)"
+                                                                    : unfused);
               printed_choices = true;
             }
             std::vector<StepRow> rows;

@@ -727,27 +727,17 @@ void w4a16_gemm(const TensorView& x, const W4A16Weights& w, const TensorView& y,
     if ((ai.num_heads + 2 * ai.num_kv_heads) * ai.head_dim != w.N())
       fail(ErrorKind::invalid_argument, "W4A16Options::attention_inputs: (", ai.num_heads, " + 2 x ",
            ai.num_kv_heads, ") heads of ", ai.head_dim, " are not the GEMM's N = ", w.N());
-    if (ai.positions == nullptr || ai.inv_freq == nullptr || ai.q_out == nullptr)
-      fail(ErrorKind::invalid_argument, "W4A16Options::attention_inputs needs positions, inv_freq and q_out");
+    if (ai.positions == nullptr || ai.inv_freq == nullptr || ai.q_out == nullptr || ai.k_out == nullptr ||
+        ai.v_out == nullptr)
+      fail(ErrorKind::invalid_argument,
+           "W4A16Options::attention_inputs needs positions, inv_freq, q_out, k_out and v_out");
     if (!(ai.eps >= 0.0f) || !std::isfinite(ai.eps))
       fail_argument("attention_inputs eps", ai.eps, "a finite value >= 0");
-    if ((ai.q_rotation_signs != nullptr || ai.kv_append != nullptr) && ai.head_dim != 64 && ai.head_dim != 128)
-      fail(ErrorKind::unsupported, "W4A16Options::attention_inputs: the query rotation and the KV append are "
-                                   "built for head_dim 64 and 128, not ", ai.head_dim);
+    if (ai.q_rotation_signs != nullptr && ai.head_dim != 64 && ai.head_dim != 128)
+      fail(ErrorKind::unsupported, "W4A16Options::attention_inputs: the query rotation is built for head_dim 64 "
+                                   "and 128, not ", ai.head_dim);
     if (ai.q_rotation_signs != nullptr && !(std::isfinite(ai.q_scale) && ai.q_scale > 0.0f))
       fail_argument("attention_inputs q_scale", ai.q_scale, "a finite value > 0");
-    if (ai.kv_append != nullptr) {
-      const kv::KvAppendTarget& t = *ai.kv_append;
-      if (t.head_dim != ai.head_dim || t.num_kv_heads != ai.num_kv_heads)
-        fail(ErrorKind::invalid_argument, "W4A16Options::attention_inputs: the KV cache has ", t.num_kv_heads,
-             " KV heads of ", t.head_dim, ", the GEMM makes ", ai.num_kv_heads, " of ", ai.head_dim);
-      const bool quantized = t.part[0].bits != 16 || t.part[1].bits != 16;
-      if (t.pool == nullptr || t.tables == nullptr || t.lengths == nullptr || (quantized && t.signs == nullptr))
-        fail(ErrorKind::invalid_argument, "W4A16Options::attention_inputs: kv_append needs the pool, the tables, "
-                                          "the lengths and (for quantized K/V) the Hadamard signs");
-    } else if (ai.k_out == nullptr || ai.v_out == nullptr) {
-      fail(ErrorKind::invalid_argument, "W4A16Options::attention_inputs needs k_out and v_out (or kv_append)");
-    }
   }
   if (x.shape[0] != y.shape[0])
     fail(ErrorKind::invalid_argument, "x is ", x.shape_string(), " and y is ", y.shape_string(),
@@ -864,9 +854,7 @@ void w4a16_gemm(const TensorView& x, const W4A16Weights& w, const TensorView& y,
                      ai.eps,
                      ai.rope_interleaved,
                      ai.q_rotation_signs,
-                     ai.q_scale,
-                     ai.kv_append != nullptr,
-                     ai.kv_append != nullptr ? *ai.kv_append : kv::KvAppendTarget{}};
+                     ai.q_scale};
     }
     if (plan.split_k > 1) {
       // Slot 2: the partials of every split; slot 3: one counter per column block (kept zero).

@@ -58,7 +58,6 @@
 #include "lowbit/core/error.h"
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/pdl.cuh"
-#include "lowbit/kv/append_warp.cuh"
 #include "lowbit/kv/hadamard_warp.cuh"
 #include "lowbit/ops/head_math.cuh"
 #include "lowbit/ops/silu.cuh"
@@ -285,61 +284,46 @@ __device__ __noinline__ void write_residual_outputs(const OutputArgs a, float* r
       });
 }
 
-// W4A16AttentionInputs::q_rotation_signs and kv_append, for the warp that
-// holds a finished head in shared memory (v, head_dim floats): the query's
-// Hadamard rotation and the K/V quantization of the decode attention's own
-// kernels (kv/hadamard_warp.cuh, kv/append_warp.cuh), so the bits are theirs.
-// Their loads (signs, codebook, the row's length and page) are issued at the
-// start of the head's task, before its norm and RoPE, which hide their
-// latency: done after them, they were L2 round trips in a row on the step's
-// critical path. v is reused as the append's scratch.
-template <int D>
-__device__ __forceinline__ void load_head(const float* v, float (&x)[D / 32]) {
-  const int lane = threadIdx.x % 32;
-#pragma unroll
-  for (int u = 0; u < D / 32; ++u) x[u] = v[lane + 32 * u];
-  __syncwarp();  // every lane has read v before it is reused
-}
-
 __device__ __forceinline__ void prefetch_l1(const void* p) {
   asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p));
 }
 
-// The 128-byte lines finish_head reads besides the head itself, one per lane.
+// The 128-byte lines finish_head reads besides the head itself (position,
+// RoPE frequencies, norm weights, Hadamard signs), one per lane. The
+// epilogue is one warp per head on the step's critical path: these loads
+// are issued by every CTA before the split-K count, so the finishing one
+// finds them in L1.
 __device__ __forceinline__ void prefetch_head_constants(const AttentionInputsArgs& ai, int64_t token, int head) {
   const int lane = threadIdx.x % 32, hd = ai.head_dim;
   const bool is_q = head < ai.heads, is_v = head >= ai.heads + ai.kv_heads;
-  const void* norm = is_q ? ai.q_norm : (is_v ? nullptr : ai.k_norm);
-  const float* signs = is_q ? ai.q_signs : (ai.kv_append ? ai.kv.signs : nullptr);
+  if (is_v) return;
+  const void* norm = is_q ? ai.q_norm : ai.k_norm;
+  const float* signs = is_q ? ai.q_signs : nullptr;
   const void* line = nullptr;
-  if (lane == 0 && !is_v) line = ai.positions + token;
-  else if (lane >= 1 && lane <= 2 && !is_v && 32 * (lane - 1) < hd / 2) line = ai.inv_freq + 32 * (lane - 1);
+  if (lane == 0) line = ai.positions + token;
+  else if (lane >= 1 && lane <= 2 && 32 * (lane - 1) < hd / 2) line = ai.inv_freq + 32 * (lane - 1);
   else if (lane >= 3 && lane <= 4 && norm != nullptr && 64 * (lane - 3) < hd)
     line = static_cast<const uint16_t*>(norm) + 64 * (lane - 3);  // 16-bit weights
   else if (lane >= 5 && lane <= 8 && signs != nullptr && 32 * (lane - 5) < hd) line = signs + 32 * (lane - 5);
-  else if (lane == 9 && ai.kv_append && !is_q) line = ai.kv.lengths + token;
-  else if (lane == 10 && ai.kv_append && !is_q) line = ai.kv.part[is_v ? 1 : 0].bounds;
   if (line != nullptr) prefetch_l1(line);
 }
 
 // One head of the epilogue, past the GEMM's sum: the per-head norm and
 // RoPE of ops::qkv_to_attention_inputs (q and k heads), then the store of
-// q/k/v in fp32, or the query rotation, or the append of k or v.
-// D: the head dimension the rotation and the append are built for (64 or
-// 128, which W4A16Options validation requires for them); the norm, RoPE and
-// stores take any even head_dim that divides 128.
+// q/k/v in fp32, or of the query rotated and scaled
+// (W4A16AttentionInputs::q_rotation_signs) with the decode attention's own
+// arithmetic (kv/hadamard_warp.cuh), so the bits are the attention's.
+// D: the head dimension the rotation is built for (64 or 128, which
+// W4A16Options validation requires for it); the norm, RoPE and stores take
+// any even head_dim that divides 128.
 template <typename T, int D>
 __device__ __noinline__ void finish_head(const AttentionInputsArgs& ai, float* v, int64_t token, int head) {
   const int hd = ai.head_dim, half = hd / 2;
   const int lane = threadIdx.x % 32;
   const bool is_q = head < ai.heads, is_v = head >= ai.heads + ai.kv_heads;
-  const bool append = ai.kv_append && !is_q;
   const bool rotate = is_q && ai.q_signs != nullptr;
-  kv::KvAppendPlan plan{};
-  float q_signs[4];
-  if (append) plan = kv::append_plan_begin<D>(ai.kv, is_v ? 1 : 0, static_cast<int>(token),
-                                              is_v ? head - ai.heads - ai.kv_heads : head - ai.heads);
-  if (rotate) kv::load_lane_signs<D>(ai.q_signs, q_signs);
+  float q_signs[D / 32];
+  if (rotate) kv::load_lane_signs<D>(ai.q_signs, q_signs);  // before the norm, which hides their latency
   auto round_to_t = [](float x) { return scalar_to_float(from_float<T>(x)); };
   if (!is_v) {
     const T* w = static_cast<const T*>(is_q ? ai.q_norm : ai.k_norm);
@@ -351,7 +335,6 @@ __device__ __noinline__ void finish_head(const AttentionInputsArgs& ai, float* v
       for (int i = lane; i < hd; i += 32) v[i] = round_to_t(ops::norm_scale(v[i], inv_rms, scalar_to_float(w[i])));
     }
     __syncwarp();
-    if (append) kv::append_plan_slot(ai.kv, plan);  // needs the length: its latency hides behind RoPE
     const float pos = static_cast<float>(ai.positions[token]);
     for (int i = lane; i < half; i += 32) {
       float c, s;
@@ -363,16 +346,11 @@ __device__ __noinline__ void finish_head(const AttentionInputsArgs& ai, float* v
       v[p1] = round_to_t(y1);
     }
     __syncwarp();
-  } else if (append) {
-    kv::append_plan_slot(ai.kv, plan);
   }
-  if (append || rotate) {
+  if (rotate) {
     float x[D / 32];
-    load_head<D>(v, x);
-    if (append) {
-      kv::append_vector_warp<D>(ai.kv, plan, x, reinterpret_cast<uint8_t*>(v));
-      return;
-    }
+#pragma unroll
+    for (int u = 0; u < D / 32; ++u) x[u] = v[lane + 32 * u];
     kv::hadamard_rotate_warp<D>(x, q_signs, ai.q_scale);
     float* out = ai.q_out + (token * ai.heads + head) * hd;
 #pragma unroll
@@ -406,10 +384,7 @@ __device__ __noinline__ void write_attention_inputs(const OutputArgs a, const At
   fused_epilogue(
       a, acc,
       // Every CTA, before the split-K count: the constants its warps' first
-      // heads will read (norm weights, RoPE frequencies, position, signs,
-      // the row's length and the codebook), prefetched into L1. After the
-      // count they were L2 round trips one after another on the step's
-      // critical path (the epilogue is one warp per head).
+      // heads will read, prefetched into L1 (prefetch_head_constants).
       [&] {
         if (warp >= a.rows * block_heads) return;
         prefetch_head_constants(ai, a.m0 + warp / block_heads, (block_col + (warp % block_heads) * hd) / hd);

@@ -7,8 +7,6 @@
 
 #include <cstdint>
 
-#include "lowbit/kv/append_target.h"
-
 namespace lowbit::w4a16_detail {
 
 // gemv, W4A16Options::attention_inputs (w4a16_gemm.h): the fields of
@@ -26,8 +24,6 @@ struct AttentionInputsArgs {
   bool interleaved;
   const float* q_signs;  // non-null: q_out gets the Hadamard-rotated query times q_scale
   float q_scale;
-  bool kv_append;  // k and v are quantized into `kv` instead of written to k_out / v_out
-  kv::KvAppendTarget kv;
 };
 
 struct TiledGemmArgs {

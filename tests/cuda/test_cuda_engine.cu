@@ -347,17 +347,16 @@ TEST(CudaEngine, AttentionInputsFromTheQkvGemmGiveTheSameBits) {
 }
 
 // With a Hadamard cache, single-row steps whose QKV GEMM makes the attention
-// inputs also append K/V and rotate the queries there
-// (fuse_kv_append_into_qkv): the logits are the bits of the same engine
-// running the KV append and query rotation kernels, at every decode step
-// (replayed from CUDA graphs after the first), for K/V formats with and
-// without quantized parts, both head dimensions, with the norms fused or
-// not. With a Haar cache the fusion does not apply.
-TEST(CudaEngine, KvAppendFromTheQkvGemmGivesTheSameBits) {
+// inputs also rotate the queries there (fuse_query_rotation_into_qkv): the
+// logits are the bits of the same engine whose attention rotates them
+// itself, at every decode step (replayed from CUDA graphs after the first),
+// for K/V formats with and without quantized parts, both head dimensions,
+// with the norms fused or not. With a Haar cache the fusion does not apply.
+TEST(CudaEngine, QueryRotationFromTheQkvGemmGivesTheSameBits) {
   LOWBIT_REQUIRE_GPU();
   const std::pair<kv::KvFormat, kv::KvFormat> formats[] = {{kv::KvFormat::tq4, kv::KvFormat::tq4},
                                                            {kv::KvFormat::tq3, kv::KvFormat::fp16},
-                                                           {kv::KvFormat::fp16, kv::KvFormat::fp16}};
+                                                           {kv::KvFormat::fp16, kv::KvFormat::tq4}};
   for (Architecture arch : {Architecture::llama, Architecture::qwen3})
     for (const int64_t head_dim : {128, 64})
       for (const auto& [kf, vf] : formats) {
@@ -373,42 +372,22 @@ TEST(CudaEngine, KvAppendFromTheQkvGemmGivesTheSameBits) {
         options.rotation = kv::RotationKind::hadamard;
         options.decode_gemm = W4A16Options{W4A16Strategy::gemv, 0};
         options.fuse_norms_into_gemms = arch == Architecture::qwen3;
-        options.fuse_kv_append_into_qkv = options.fuse_query_rotation_into_qkv = true;
         CudaEngine fused(device_model, options);
-        options.fuse_kv_append_into_qkv = false;
         options.fuse_query_rotation_into_qkv = false;
         CudaEngine separate(device_model, options);
-        // Each fused alone: the append without the rotation, the rotation
-        // after a separate append kernel.
-        options.fuse_kv_append_into_qkv = true;
-        CudaEngine append_only(device_model, options);
-        options.fuse_kv_append_into_qkv = false;
-        options.fuse_query_rotation_into_qkv = true;
-        CudaEngine rotation_only(device_model, options);
         const bool quantized_k = kf != kv::KvFormat::fp16;
-        EXPECT_TRUE(fused.kv_append_fused_into_qkv());
         EXPECT_EQ(fused.query_rotation_fused_into_qkv(), quantized_k);
-        EXPECT_FALSE(separate.kv_append_fused_into_qkv());
         EXPECT_FALSE(separate.query_rotation_fused_into_qkv());
         EXPECT_TRUE(separate.attention_inputs_fused_into_qkv());
-        EXPECT_TRUE(append_only.kv_append_fused_into_qkv());
-        EXPECT_FALSE(append_only.query_rotation_fused_into_qkv());
-        EXPECT_FALSE(rotation_only.kv_append_fused_into_qkv());
-        EXPECT_EQ(rotation_only.query_rotation_fused_into_qkv(), quantized_k);
         // 20 decode steps: the rows cross a page boundary at 16 tokens.
-        const std::vector<std::vector<uint16_t>> want = prompt_and_decode_bits(separate, 20);
-        for (CudaEngine* e : {&fused, &append_only, &rotation_only}) {
-          const std::vector<std::vector<uint16_t>> got = prompt_and_decode_bits(*e, 20);
-          for (size_t step = 0; step < want.size(); ++step)
-            EXPECT_EQ(got[step], want[step]) << "step " << step << ", engine " << (e == &fused ? "fused" : e == &append_only ? "append only" : "rotation only");
-        }
-        if (kf != kv::KvFormat::fp16) {
+        const std::vector<std::vector<uint16_t>> out[2] = {prompt_and_decode_bits(fused, 20),
+                                                           prompt_and_decode_bits(separate, 20)};
+        for (size_t step = 0; step < out[0].size(); ++step) EXPECT_EQ(out[0][step], out[1][step]) << "step " << step;
+        if (quantized_k) {
           CudaEngineOptions haar = options;
           haar.rotation = kv::RotationKind::haar;
-          haar.fuse_kv_append_into_qkv = haar.fuse_query_rotation_into_qkv = true;
-          const CudaEngine haar_engine(device_model, haar);
-          EXPECT_FALSE(haar_engine.kv_append_fused_into_qkv());
-          EXPECT_FALSE(haar_engine.query_rotation_fused_into_qkv());
+          haar.fuse_query_rotation_into_qkv = true;
+          EXPECT_FALSE(CudaEngine(device_model, haar).query_rotation_fused_into_qkv());
         }
       }
 }

@@ -17,7 +17,6 @@
 #include "lowbit/core/half.h"
 #include "lowbit/cuda/check.h"
 #include "lowbit/formats/dequant_ref.h"
-#include "lowbit/kv/device_cache.h"
 #include "lowbit/kv/rotation.h"
 #include "lowbit/ops/layer_ops_cuda.h"
 #include "lowbit/w4a16/w4a16_gemm.h"
@@ -573,27 +572,17 @@ W4A16AttentionInputs attention_inputs_of(int64_t heads, int64_t kv_heads, int64_
   return inputs;
 }
 
-// W4A16AttentionInputs::kv_append and q_rotation_signs: the QKV epilogue
-// stores K/V into a Hadamard TurboQuant cache with the bytes of
-// kv::device_append_tokens (fed by the GEMM + qkv_to_attention_inputs path),
-// and writes the queries rotated and scaled exactly as the host rotation
-// does (Rotation::rotate, then the scale): every format of either part, f16
-// and f32 scales, head_dim 128 and 64, one and three rows at page
-// boundaries, auto and forced K splits.
-TEST(W4A16Gemm, GemvAttentionInputsAppendKvAndRotateQueriesAsTheKvKernelsDo) {
+// W4A16AttentionInputs::q_rotation_signs: the QKV epilogue writes the
+// queries rotated and scaled exactly as the host's Hadamard rotation does
+// (Rotation::rotate, then the scale: the decode attention's own rotation
+// has the same bits), and k/v as without it; head_dim 128 and 64, one and
+// three rows, auto and forced K splits.
+TEST(W4A16Gemm, GemvAttentionInputsRotateQueriesAsTheHostRotation) {
   LOWBIT_REQUIRE_GPU();
   W4A16Workspace ws;
   constexpr int64_t kHeads = 4, kKvHeads = 2, K = 256;
-  constexpr int kPage = 16, kLayer = 1;
+  constexpr float kScale = 0.1275f;  // ~ log2(e) / sqrt(128)
   uint64_t seed = 2900;
-  struct Formats {
-    kv::KvFormat k, v;
-    kv::ScaleDType scale;
-  };
-  const Formats formats[] = {{kv::KvFormat::tq4, kv::KvFormat::tq4, kv::ScaleDType::f16},
-                             {kv::KvFormat::tq3, kv::KvFormat::fp16, kv::ScaleDType::f32},
-                             {kv::KvFormat::fp16, kv::KvFormat::tq2, kv::ScaleDType::f16},
-                             {kv::KvFormat::fp16, kv::KvFormat::fp16, kv::ScaleDType::f16}};
   for (const int64_t hd : {128, 64}) {
     const int64_t N = (kHeads + 2 * kKvHeads) * hd;
     const auto layer = test::random_layer(K, N, 128, ZeroKind::asym, seed++);
@@ -601,108 +590,61 @@ TEST(W4A16Gemm, GemvAttentionInputsAppendKvAndRotateQueriesAsTheKvKernelsDo) {
     std::mt19937_64 rng(seed++);
     std::normal_distribution<float> normal(0.0f, 1.0f);
     const HeadTables tables = make_head_tables(hd, rng);
-    const TensorView& q_norm_view = tables.q_norm;
-    const TensorView& k_norm_view = tables.k_norm;
-    const Buffer& freq = tables.freq;
+    const kv::Rotation rot = kv::Rotation::hadamard(static_cast<int>(hd), seed++);
+    Buffer signs(static_cast<size_t>(hd) * 4, Device::cuda);
+    Buffer::copy(signs.data(), Device::cuda, rot.signs().data(), Device::cpu, signs.size());
     for (const int64_t M : {1, 3}) {
-      // Row r's newest token is at position lengths[r] - 1: the first slot
-      // of a page, the last, and one inside.
-      const std::vector<int64_t> all_lengths = {17, 16, 40};
-      const std::vector<int64_t> lengths(all_lengths.begin(), all_lengths.begin() + M);
-      std::vector<std::vector<int32_t>> page_tables;
-      int32_t next_page = 0;
-      for (int64_t len : lengths) {
-        std::vector<int32_t> t;
-        for (int64_t p = 0; p < (len + kPage - 1) / kPage; ++p) t.push_back(next_page++);
-        std::reverse(t.begin(), t.end());  // pages out of order
-        page_tables.push_back(t);
-      }
-      const kv::DeviceBlockTables dt = kv::DeviceBlockTables::from_host(page_tables, lengths, kPage);
-      std::vector<int32_t> positions;
-      for (int64_t len : lengths) positions.push_back(static_cast<int32_t>(len - 1));
+      const std::vector<int32_t> positions = {16, 15, 39};
       std::vector<uint16_t> x(static_cast<size_t>(M * K));
       for (auto& v : x) v = to_bits(normal(rng), DType::f16);
       Buffer xb(x.size() * 2, Device::cuda), y(static_cast<size_t>(M * N) * 2, Device::cuda),
           pos(static_cast<size_t>(M) * 4, Device::cuda);
       Buffer::copy(xb.data(), Device::cuda, x.data(), Device::cpu, xb.size());
       Buffer::copy(pos.data(), Device::cuda, positions.data(), Device::cpu, pos.size());
-      Buffer q_ref(static_cast<size_t>(M * kHeads * hd) * 4, Device::cuda), q_fused(q_ref.size(), Device::cuda),
-          k32(static_cast<size_t>(M * kKvHeads * hd) * 4, Device::cuda), v32(k32.size(), Device::cuda);
+      Buffer outs[2][3];
+      for (auto& o : outs)
+        for (int k = 0; k < 3; ++k)
+          o[k] = Buffer(static_cast<size_t>(M * (k == 0 ? kHeads : kKvHeads) * hd) * 4, Device::cuda);
+      auto host_floats = [&](const Buffer& b) {
+        LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+        std::vector<float> h(b.size() / 4);
+        Buffer::copy(h.data(), Device::cpu, b.data(), Device::cuda, b.size());
+        return h;
+      };
       const auto y_view = TensorView::contiguous(y.data(), DType::f16, {M, N}, Device::cuda);
       const auto x_view = TensorView::contiguous(xb.data(), DType::f16, {M, K}, Device::cuda);
-      for (const Formats& f : formats)
-        for (const int split : {0, 3}) {
-          SCOPED_TRACE(testing::Message() << "head_dim " << hd << " M=" << M << " K/V " << kv::kv_format_name(f.k)
-                                          << "/" << kv::kv_format_name(f.v) << " split " << split);
-          kv::KvCacheConfig c;
-          c.num_layers = 2;
-          c.num_kv_heads = kKvHeads;
-          c.head_dim = static_cast<int>(hd);
-          c.page_size = kPage;
-          c.num_pages = next_page + 1;
-          c.k_format = f.k;
-          c.v_format = f.v;
-          c.scale_dtype = f.scale;
-          c.rotation = kv::RotationKind::hadamard;
-          const kv::DeviceKvCache separate(c), fused(c);
-          for (Buffer* b : {&q_ref, &q_fused, &k32, &v32}) LOWBIT_CUDA_CHECK(cudaMemset(b->data(), 0xFF, b->size()));
-          const W4A16Options plain{W4A16Strategy::gemv, split};
-          w4a16_gemm(x_view, w, y_view, ws, plain);
-          ops::qkv_to_attention_inputs(
-              y_view, kHeads, kKvHeads, hd, &q_norm_view, &k_norm_view, 1e-6f,
-              TensorView::contiguous(pos.data(), DType::i32, {M}, Device::cuda),
-              TensorView::contiguous(freq.data(), DType::f32, {hd / 2}, Device::cuda), ops::RopeStyle::half,
-              TensorView::contiguous(q_ref.data(), DType::f32, {M, kHeads * hd}, Device::cuda),
-              TensorView::contiguous(k32.data(), DType::f32, {M, kKvHeads * hd}, Device::cuda),
-              TensorView::contiguous(v32.data(), DType::f32, {M, kKvHeads * hd}, Device::cuda));
-          kv::device_append_tokens(separate, kLayer, dt, k32.as<float>(), v32.as<float>());
-
-          const kv::KvAppendTarget target = kv::device_append_target(fused, kLayer, dt);
+      for (const int split : {0, 3}) {
+        SCOPED_TRACE(testing::Message() << "head_dim " << hd << " M=" << M << " split " << split);
+        for (auto& o : outs)
+          for (Buffer& b : o) LOWBIT_CUDA_CHECK(cudaMemset(b.data(), 0xFF, b.size()));
+        W4A16Options options{W4A16Strategy::gemv, split};
+        for (int fused = 0; fused < 2; ++fused) {
           W4A16AttentionInputs inputs = attention_inputs_of(kHeads, kKvHeads, hd, tables, pos);
-          inputs.q_out = q_fused.as<float>();
-          inputs.q_rotation_signs = fused.hadamard_signs(kLayer);
-          inputs.q_scale = kv::decode_query_scale(c, {});
-          inputs.kv_append = &target;
-          W4A16Options with_kv = plain;
-          with_kv.attention_inputs = &inputs;
-          w4a16_gemm(x_view, w, y_view, ws, with_kv);
-          LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
-
-          const std::vector<std::byte> a = separate.download_pool(kLayer), b = fused.download_pool(kLayer);
-          size_t differing = 0;
-          for (size_t i = 0; i < a.size(); ++i) differing += a[i] != b[i];
-          EXPECT_EQ(differing, 0u) << "of " << a.size() << " pool bytes";
-          // The queries: rotated on the host from the separate path's q.
-          std::vector<float> q(static_cast<size_t>(M * kHeads * hd)), got(q.size());
-          Buffer::copy(q.data(), Device::cpu, q_ref.data(), Device::cuda, q_ref.size());
-          Buffer::copy(got.data(), Device::cpu, q_fused.data(), Device::cuda, q_fused.size());
-          const kv::Rotation rot =
-              kv::Rotation::hadamard(static_cast<int>(hd), kv::layer_rotation_seed(c.rotation_seed_base, kLayer));
-          std::vector<float> rotated(static_cast<size_t>(hd));
-          size_t q_mismatches = 0;
-          for (int64_t h = 0; h < M * kHeads; ++h) {
-            rot.rotate(std::span<const float>(q.data() + h * hd, static_cast<size_t>(hd)), rotated);
-            for (int64_t i = 0; i < hd; ++i) {
-              const float want = rotated[static_cast<size_t>(i)] * inputs.q_scale;
-              q_mismatches += std::memcmp(&want, &got[static_cast<size_t>(h * hd + i)], 4) != 0;
-            }
+          inputs.q_out = outs[fused][0].as<float>();
+          inputs.k_out = outs[fused][1].as<float>();
+          inputs.v_out = outs[fused][2].as<float>();
+          if (fused == 1) {
+            inputs.q_rotation_signs = signs.as<float>();
+            inputs.q_scale = kScale;
           }
-          EXPECT_EQ(q_mismatches, 0u) << "of " << q.size() << " rotated query elements";
+          options.attention_inputs = &inputs;
+          w4a16_gemm(x_view, w, y_view, ws, options);
         }
+        for (int k = 1; k < 3; ++k)
+          EXPECT_EQ(host_floats(outs[1][k]), host_floats(outs[0][k])) << "k, v"[3 * (k - 1)];
+        const std::vector<float> q = host_floats(outs[0][0]), got = host_floats(outs[1][0]);
+        std::vector<float> rotated(static_cast<size_t>(hd));
+        size_t mismatches = 0;
+        for (int64_t h = 0; h < M * kHeads; ++h) {
+          rot.rotate(std::span<const float>(q.data() + h * hd, static_cast<size_t>(hd)), rotated);
+          for (int64_t i = 0; i < hd; ++i) {
+            const float want = rotated[static_cast<size_t>(i)] * kScale;
+            mismatches += std::memcmp(&want, &got[static_cast<size_t>(h * hd + i)], 4) != 0;
+          }
+        }
+        EXPECT_EQ(mismatches, 0u) << "of " << q.size() << " rotated query elements";
+      }
     }
-    // Refused: a Haar cache with quantized parts (its rotation is a matrix),
-    // and a head_dim the warp functions are not built for.
-    kv::KvCacheConfig haar;
-    haar.num_layers = 1;
-    haar.num_kv_heads = kKvHeads;
-    haar.head_dim = static_cast<int>(hd);
-    haar.page_size = kPage;
-    haar.num_pages = 4;
-    const kv::DeviceKvCache haar_cache(haar);
-    const kv::DeviceBlockTables dt = kv::DeviceBlockTables::from_host(std::vector<std::vector<int32_t>>{{0}},
-                                                                      std::vector<int64_t>{1}, kPage);
-    EXPECT_TRUE(test::throws_error([&] { (void)kv::device_append_target(haar_cache, 0, dt); }, ErrorKind::unsupported,
-                                   {"Haar", "Hadamard"}));
   }
 }
 

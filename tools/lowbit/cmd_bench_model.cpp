@@ -51,11 +51,8 @@ void add_bench_model_command(CLI::App& bench) {
   model->add_flag("!--no-gemm-tuning", options.tune_gemms,
                   "Run single-row W4A16 GEMMs with auto's plan instead of the fastest one timed per layer shape "
                   "when the engine is made");
-  model->add_flag("--kv-append-fusion", options.fuse_kv_append,
-                  "Single-row steps whose qkv GEMM runs the gemv kernel: quantize K/V into the cache in its\n"
-                  "epilogue (Hadamard rotation or fp16 K/V) instead of in a kernel of their own (measured slower)");
   model->add_flag("!--no-query-rotation-fusion", options.fuse_query_rotation,
-                  "With a Hadamard rotation: rotate the queries in a kernel of their own, not in the qkv GEMM's "
+                  "With a Hadamard rotation: rotate the queries in the attention kernel, not in the qkv GEMM's "
                   "epilogue");
   model->add_flag("!--no-graphs", options.graphs,
                   "Time decode steps launched eagerly, not replayed as CUDA graphs");

@@ -146,13 +146,6 @@ struct CudaEngineOptions {
   // (docs/engine.md, v11). (A Haar rotation is a 64 KB matrix per layer,
   // which an epilogue warp does not read.)
   bool fuse_query_rotation_into_qkv = true;
-  // The epilogue can also quantize K and V straight into the cache
-  // (W4A16AttentionInputs::kv_append; also for fp16 K and V, whatever the
-  // rotation): the same bits, one launch fewer, but slower in a replayed
-  // step (213.7-214.2 tok/s with it against 215.6-216.5 without): the
-  // quantization's latency lands on the critical path, where the separate
-  // kernel's mostly overlapped its neighbours. Off by default.
-  bool fuse_kv_append_into_qkv = false;
 };
 
 // One row of a step: `n` new tokens of sequence `seq` at positions
@@ -227,12 +220,8 @@ class CudaEngine {
   bool attention_inputs_fused_into_qkv() const {
     return !model_.layers.empty() && qkv_makes_attention_inputs(model_.layers.front().qkv, 1);
   }
-  // Whether that epilogue also appends K/V to the cache, and rotates the
-  // queries (CudaEngineOptions::fuse_kv_append_into_qkv,
-  // fuse_query_rotation_into_qkv; a Hadamard cache).
-  bool kv_append_fused_into_qkv() const {
-    return !model_.layers.empty() && qkv_appends_kv(model_.layers.front().qkv, 1);
-  }
+  // Whether that epilogue also rotates the queries
+  // (CudaEngineOptions::fuse_query_rotation_into_qkv, a Hadamard cache).
   bool query_rotation_fused_into_qkv() const {
     return !model_.layers.empty() && qkv_rotates_queries(model_.layers.front().qkv, 1);
   }
@@ -301,12 +290,10 @@ class CudaEngine {
   // input is done inside the two GEMMs (CudaEngineOptions::fuse_norms_into_gemms).
   bool fuses_norm(const DeviceLinear& producer, const DeviceLinear& consumer, int64_t M) const;
   bool qkv_makes_attention_inputs(const DeviceLinear& qkv, int64_t M) const;
-  bool qkv_appends_kv(const DeviceLinear& qkv, int64_t M) const;
   bool qkv_rotates_queries(const DeviceLinear& qkv, int64_t M) const;
-  // kv_appended / queries_rotated: the QKV GEMM stored this step's K/V, or
-  // rotated the queries.
+  // queries_rotated: the QKV GEMM rotated the queries.
   void attention_layer(int layer, std::span<const StepRow> rows, const kv::DeviceBlockTables& tables,
-                       int64_t M, bool kv_appended, bool queries_rotated);
+                       int64_t M, bool queries_rotated);
 
   const DeviceModel& model_;
   CudaEngineOptions options_;

@@ -23,8 +23,7 @@ struct ModelBenchOptions {
   // The TurboQuant rotation of the tq formats: "auto" (kv_rotation_for),
   // "haar" or "hadamard" (CudaEngineOptions::rotation).
   std::string kv_rotation = "auto";
-  // CudaEngineOptions::fuse_kv_append_into_qkv, fuse_query_rotation_into_qkv.
-  bool fuse_kv_append = false, fuse_query_rotation = true;
+  bool fuse_query_rotation = true;  // CudaEngineOptions::fuse_query_rotation_into_qkv
   std::vector<int> batches = {1, 16};
   std::vector<int64_t> contexts = {1024, 32768};
   // Prefill is timed for contexts up to this length (the prefill attention

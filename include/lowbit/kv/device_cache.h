@@ -40,7 +40,6 @@
 #include <vector>
 
 #include "lowbit/core/tensor.h"
-#include "lowbit/kv/append_target.h"
 #include "lowbit/kv/paged_cache.h"
 
 namespace lowbit::kv {
@@ -69,9 +68,6 @@ class DeviceKvCache {
   const VectorQuantizer* quantizer(KvPart part) const {
     return part == KvPart::key ? k_quantizer_.get() : v_quantizer_.get();
   }
-  // The part's codebook on the device: 16 fp32 boundaries (the first
-  // 2^bits - 1 used), then 16 centroids. Zeros for an fp16 part.
-  const float* device_codebook(KvPart part) const;
 
   // Copies every layer's pool from / to a host cache of the same config.
   void upload(const PagedKvCache& host);
@@ -83,7 +79,6 @@ class DeviceKvCache {
   int64_t pool_bytes_ = 0;
   std::vector<Buffer> pools_, rotations_, rotations_t_, signs_;
   std::unique_ptr<VectorQuantizer> k_quantizer_, v_quantizer_;
-  Buffer codebooks_;  // per part: 16 boundaries, then 16 centroids (fp32)
 };
 
 // Block tables and lengths of the sequences (rows) of one call, on the device.
@@ -113,14 +108,6 @@ struct DeviceBlockTables {
 // extended the sequence first, as with PagedKvCache::write_token).
 void device_append_tokens(const DeviceKvCache& cache, int layer, const DeviceBlockTables& tables,
                           const float* k, const float* v, cudaStream_t stream = nullptr);
-// What device_append_tokens does, for a kernel that makes the K/V vectors
-// itself and quantizes them as it stores them (append_warp.cuh; the W4A16
-// QKV GEMM's epilogue): the layer's pool and codebooks and the tables'
-// device pointers (valid while `tables` keeps its buffers). Only the
-// Hadamard rotation can be applied there: Error(unsupported) for a cache
-// with quantized parts and Haar rotations.
-KvAppendTarget device_append_target(const DeviceKvCache& cache, int layer, const DeviceBlockTables& tables);
-
 // Quantizes and stores tokens first_pos .. first_pos + n_tokens - 1 of row
 // `row` (k, v: [n_tokens][num_kv_heads][head_dim] fp32, device).
 void device_write_tokens(const DeviceKvCache& cache, int layer, const DeviceBlockTables& tables, int row,
@@ -158,10 +145,10 @@ struct DeviceDecodeOptions {
   int64_t plan_length = 0;
   // Decode with quantized K only: q is already rotated and scaled, q @ M *
   // softmax_scale * log2(e) (the rotation kernel's output; kv/hadamard_warp.cuh
-  // hadamard_rotate_warp for a Hadamard cache), so no rotation kernel runs;
-  // and the kernel just before this call may have appended each row's newest
-  // token (device_append_target), so the chunk holding it is read only after
-  // that kernel completed.
+  // hadamard_rotate_warp for a Hadamard cache), so the queries are not
+  // rotated here. The chunk holding each row's newest token is then read
+  // only after the kernel before this call completed (the kernel that made
+  // q may have been launched right after the append).
   bool queries_rotated = false;
 };
 

@@ -47,7 +47,6 @@
 
 #include "lowbit/core/tensor.h"
 #include "lowbit/formats/quantized_linear.h"
-#include "lowbit/kv/append_target.h"
 
 namespace lowbit {
 
@@ -146,17 +145,12 @@ struct W4A16AttentionInputs {
   float* k_out = nullptr;              // [M, num_kv_heads * head_dim] f32
   float* v_out = nullptr;              // [M, num_kv_heads * head_dim] f32
   // Optional, for a TurboQuant KV cache with Hadamard rotations (head_dim 64
-  // or 128), so that the decode attention follows this GEMM directly:
-  // - q_rotation_signs (the layer's signs, kv::DeviceKvCache::hadamard_signs):
-  //   q_out receives q @ M * q_scale, what the attention's query rotation
-  //   makes (kv::DeviceDecodeOptions::queries_rotated), bit for bit;
-  // - kv_append (kv::device_append_target; read at the call): k and v are
-  //   quantized and stored at each row's newest position of the cache, the
-  //   bytes kv::device_append_tokens stores, instead of written to k_out and
-  //   v_out (which may then be null). Row r of x is sequence r of the tables.
+  // or 128): q_rotation_signs (the layer's signs,
+  // kv::DeviceKvCache::hadamard_signs) makes q_out q @ M * q_scale, what the
+  // decode attention's own query rotation makes, bit for bit
+  // (kv::DeviceDecodeOptions::queries_rotated).
   const float* q_rotation_signs = nullptr;
   float q_scale = 1.0f;
-  const kv::KvAppendTarget* kv_append = nullptr;
 };
 
 struct W4A16Options {
