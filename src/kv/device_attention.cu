@@ -502,8 +502,13 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32, Til
     if (issued < n_my) issue_page = table[issue_page_index];
   };
   uint32_t* lut_fill = reinterpret_cast<uint32_t*>(smem);
+  // Only the instances with quantized K carry the in-CTA rotation's code:
+  // code present in a kernel changes its register allocation even where it
+  // does not run (docs/w4a16-gemm.md, the gemv kernel's instances).
+  constexpr bool kRotates = quantized(KF);
   float lane_signs[D / 32];
-  if (a.q_signs != nullptr) load_lane_signs<D>(a.q_signs, lane_signs);  // constant: before any wait
+  if constexpr (kRotates)
+    if (a.q_signs != nullptr) load_lane_signs<D>(a.q_signs, lane_signs);  // constant: before any wait
   if (a.queries_rotated && !(a.newest_token_fresh && t1 == len)) {
     // The rotation kernel before this one waited for the kernel that wrote
     // the K/V pages: they are complete, so their loads go out first and the
@@ -538,7 +543,7 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32, Til
   uint32_t qb[D / 16][2];
   {
     const float* qrow = a.q + ((static_cast<int64_t>(r) * a.num_q_heads + h * a.group) + g) * D;
-    if (a.q_signs != nullptr) {
+    if (kRotates && a.q_signs != nullptr) {
       // The group's queries rotated here, one warp per head (hadamard_warp.cuh,
       // the rotation kernel's arithmetic): with the d signs instead of a 64 KB
       // matrix, this costs less than the launch of a kernel before this one.
@@ -744,12 +749,14 @@ __global__ void __launch_bounds__(kRotThreads<D>) rotate_queries_kernel(const fl
 // out[row][qh] = sum_c 2^(lse_c - M) o_c / sum_c 2^(lse_c - M) over the row's
 // chunks, then @ M^T when V is rotated (mt; or, for a Hadamard rotation, by
 // its signs). In place when part_out == out (one chunk).
-template <int D>
+// kHadamard: the un-rotation by the signs (its own instance, so that the
+// Haar and unrotated merges keep their code).
+template <int D, bool kHadamard>
 __global__ void __launch_bounds__(kRotThreads<D>) merge_kernel(AttnArgs a, const float* mt, const float* signs,
                                                                float* out, __half* out16) {
   float mslice[D / 4];  // the constant un-rotation, requested before waiting
   float lane_signs[D / 32];
-  if (signs != nullptr) load_lane_signs<D>(signs, lane_signs);
+  if constexpr (kHadamard) load_lane_signs<D>(signs, lane_signs);
   else if (mt != nullptr) load_matrix_slice<D>(mt, mslice);
   cuda::pdl_wait();
   // The next kernel (the engine's o projection, a W4A16 GEMM) is launched
@@ -819,7 +826,7 @@ __global__ void __launch_bounds__(kRotThreads<D>) merge_kernel(AttnArgs a, const
     for (int t = threadIdx.x; t < a.group * D; t += kRotThreads<D>) store(t, ys[t / D][t % D]);
     return;
   }
-  if (signs != nullptr) {  // kRotThreads<D> / 32 >= 8 warps: one per head of the group
+  if constexpr (kHadamard) {  // kRotThreads<D> / 32 >= 8 warps: one per head of the group
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     if (warp >= a.group) return;
     float v[D / 32];
@@ -1070,11 +1077,13 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
   const dim3 grid(max_splits, H, rows);
   if (d == 64) {
     dispatch<64>(fmt_of(cfg.k_format), fmt_of(cfg.v_format), plan.wide, a, grid, stream);
-    cuda::launch_with_pdl(merge_kernel<64>, dim3(rows, H), dim3(kRotThreads<64>), 0, stream, a, mt, v_signs, out,
+    cuda::launch_with_pdl(v_signs != nullptr ? merge_kernel<64, true> : merge_kernel<64, false>, dim3(rows, H),
+                          dim3(kRotThreads<64>), 0, stream, a, mt, v_signs, out,
                           out16);
   } else {
     dispatch<128>(fmt_of(cfg.k_format), fmt_of(cfg.v_format), plan.wide, a, grid, stream);
-    cuda::launch_with_pdl(merge_kernel<128>, dim3(rows, H), dim3(kRotThreads<128>), 0, stream, a, mt, v_signs, out,
+    cuda::launch_with_pdl(v_signs != nullptr ? merge_kernel<128, true> : merge_kernel<128, false>, dim3(rows, H),
+                          dim3(kRotThreads<128>), 0, stream, a, mt, v_signs, out,
                           out16);
   }
 }
