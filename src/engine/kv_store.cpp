@@ -287,8 +287,7 @@ class PagedKvStore final : public KvStore {
     std::ostringstream s;
     s << options_.describe() << " (paged, " << options_.page_size << " tokens per page, "
       << kv::rotation_kind_name(kv_rotation_for(options_.rotation, config_.head_dim)) << " rotation seed "
-      << options_.rotation_seed
-      << " + 1000 * layer)";
+      << options_.rotation_seed << " + 1000 * layer)";
     return s.str();
   }
 

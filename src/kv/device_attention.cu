@@ -1014,15 +1014,15 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
   const bool k_rot = is_quantized(cfg.k_format), v_rot = is_quantized(cfg.v_format);
   LOWBIT_CHECK_ARG(!options.queries_rotated || (k_rot && prefill_row < 0), "queries_rotated", "true",
                    "false for fp16 K and for prefill (decode queries against quantized K only)");
-  // Quantized K: q' = q @ M by a kernel of its own (rotating inside each
-  // attention CTA instead, 64 KB of M read per CTA, measured 3-4 us slower
-  // for tq4 K/V at batch 1 and 8). fp16 K: the attention kernel scales q
-  // itself, one launch fewer (2-3 us at batch 1).
-  // DeviceDecodeOptions::queries_rotated: the caller's kernel did it. A
-  // Hadamard rotation is done inside the attention CTAs (no kernel before
-  // them: at batch 8 / 32k 122.3 us with the rotation kernel before, see
-  // docs/kv-cache.md); a Haar one by a kernel of its own (each CTA reading the
-  // 64 KB matrix measured 3-4 us slower).
+  // Quantized K, the queries rotated (q' = q @ M, times the softmax scale):
+  //  - by the caller (DeviceDecodeOptions::queries_rotated);
+  //  - Hadamard: inside the attention CTAs, with the d signs (no kernel before
+  //    them; batch 8 / 32k 122.3 -> 121.0 us against a rotation kernel of
+  //    the signs, docs/kv-cache.md);
+  //  - Haar: by a kernel of its own (each attention CTA reading the 64 KB of
+  //    M measured 3-4 us slower for tq4 K/V at batch 1 and 8).
+  // fp16 K: the attention kernel scales q itself, one launch fewer (2-3 us
+  // at batch 1).
   const float* signs = cache.hadamard_signs(layer);
   const bool rotate_in_cta = k_rot && !options.queries_rotated && signs != nullptr;
   const bool rotate_here = k_rot && !options.queries_rotated && !rotate_in_cta;
@@ -1078,13 +1078,11 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
   if (d == 64) {
     dispatch<64>(fmt_of(cfg.k_format), fmt_of(cfg.v_format), plan.wide, a, grid, stream);
     cuda::launch_with_pdl(v_signs != nullptr ? merge_kernel<64, true> : merge_kernel<64, false>, dim3(rows, H),
-                          dim3(kRotThreads<64>), 0, stream, a, mt, v_signs, out,
-                          out16);
+                          dim3(kRotThreads<64>), 0, stream, a, mt, v_signs, out, out16);
   } else {
     dispatch<128>(fmt_of(cfg.k_format), fmt_of(cfg.v_format), plan.wide, a, grid, stream);
     cuda::launch_with_pdl(v_signs != nullptr ? merge_kernel<128, true> : merge_kernel<128, false>, dim3(rows, H),
-                          dim3(kRotThreads<128>), 0, stream, a, mt, v_signs, out,
-                          out16);
+                          dim3(kRotThreads<128>), 0, stream, a, mt, v_signs, out, out16);
   }
 }
 

@@ -140,11 +140,11 @@ struct CudaEngineOptions {
   bool fuse_attention_inputs_into_qkv = true;
   // When that QKV epilogue runs (head_dim 64 or 128) and the cache's
   // rotation is Hadamard, it rotates and scales the queries as the decode
-  // attention takes them (W4A16AttentionInputs::q_rotation_signs): one
-  // launch fewer per layer, the same bits; Qwen3-14B w4 + tq4 at batch 1 /
-  // 1k: 215.6-216.5 tok/s against 210.2-212.0 with Haar rotations
-  // (docs/engine.md, v11). (A Haar rotation is a 64 KB matrix per layer,
-  // which an epilogue warp does not read.)
+  // attention takes them (W4A16AttentionInputs::q_rotation_signs) instead
+  // of the attention kernel doing it, the same bits; Qwen3-14B w4 + tq4 at
+  // batch 1 / 1k: 215.7-217.3 tok/s against 214.6-216.5 (docs/engine.md,
+  // v11). (A Haar rotation is a 64 KB matrix per layer, which an epilogue
+  // warp does not read: its own kernel rotates.)
   bool fuse_query_rotation_into_qkv = true;
 };
 

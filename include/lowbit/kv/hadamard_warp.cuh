@@ -4,7 +4,7 @@
 //
 // Why a warp and registers: a 128 x 128 rotation as a dense product reads
 // 64 KB of M per use, which at a batch-1 decode step is a kernel's worth of
-// L2 round trips (the query rotation and the KV append each had one); the
+// L2 round trips (the query rotation and the merge each had one); the
 // Walsh-Hadamard transform needs only the d signs and 7 butterfly stages,
 // 5 of them lane shuffles. Every butterfly is b0 + b1 / b0 - b1 in fp32 in
 // the order of the stride-1, 2, 4, ... loop of the host code and of the KV
