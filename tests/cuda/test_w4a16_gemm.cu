@@ -529,13 +529,6 @@ TEST(W4A16Gemm, GemvResidualAddAndRmsNormEqualTheSeparateKernels) {
       ErrorKind::unsupported, {"x_norm_weight", "x_silu_mul"}));
 }
 
-// W4A16Options::attention_inputs: the QKV GEMM's epilogue doing the q/k
-// norm, RoPE and fp32 widening gives the bits of the plain gemv followed by
-// ops::qkv_to_attention_inputs, for head dimensions 128 and 64 (one and two
-// heads per block of 128 columns), with and without the per-head norms, both
-// RoPE layouts, positions up to 70000 (large angles), 1 and 3 rows, K split
-// automatic and 5, and with x read through RMSNorm (the engine's qkv GEMM
-// of every layer after the first). The options it cannot honour are refused.
 // The per-head norm weights (q, then k: fp16 around 1) and the RoPE
 // frequencies of a head_dim, on the device, for the attention-inputs tests.
 struct HeadTables {
@@ -648,6 +641,13 @@ TEST(W4A16Gemm, GemvAttentionInputsRotateQueriesAsTheHostRotation) {
   }
 }
 
+// W4A16Options::attention_inputs: the QKV GEMM's epilogue doing the q/k
+// norm, RoPE and fp32 widening gives the bits of the plain gemv followed by
+// ops::qkv_to_attention_inputs, for head dimensions 128 and 64 (one and two
+// heads per block of 128 columns), with and without the per-head norms, both
+// RoPE layouts, positions up to 70000 (large angles), 1 and 3 rows, K split
+// automatic and 5, and with x read through RMSNorm (the engine's qkv GEMM
+// of every layer after the first). The options it cannot honour are refused.
 TEST(W4A16Gemm, GemvAttentionInputsEqualTheGemmThenTheirKernel) {
   LOWBIT_REQUIRE_GPU();
   W4A16Workspace ws;
