@@ -483,6 +483,12 @@ void CudaEngine::linear(const DeviceLinear& w, const void* x, int64_t M, void* y
   }
 }
 
+bool CudaEngine::kv_append_fused_into_attention() const {
+  const kv::KvCacheConfig& c = cache_->config();
+  const bool quantized_part = c.k_format != kv::KvFormat::fp16 || c.v_format != kv::KvFormat::fp16;
+  return options_.fuse_kv_append_into_attention && (!quantized_part || c.rotation == kv::RotationKind::hadamard);
+}
+
 void CudaEngine::attention_layer(int layer, std::span<const StepRow> rows,
                                  const kv::DeviceBlockTables& tables, int64_t M, bool queries_rotated) {
   const ModelConfig& c = model_.config;
@@ -491,8 +497,13 @@ void CudaEngine::attention_layer(int layer, std::span<const StepRow> rows,
   // The attention output goes straight to fp16 (the o projection's input).
   kv::DeviceDecodeOptions options;
   if (decode) {
-    kv::device_append_tokens(*cache_, layer, tables, k32_.as<float>(), v32_.as<float>(), stream_);
-    mark("KV append");
+    if (kv_append_fused_into_attention()) {
+      options.append_k = k32_.as<float>();
+      options.append_v = v32_.as<float>();
+    } else {
+      kv::device_append_tokens(*cache_, layer, tables, k32_.as<float>(), v32_.as<float>(), stream_);
+      mark("KV append");
+    }
     options.queries_rotated = queries_rotated;
     options.out_f16 = attn_.data();
     options.plan_length = plan_length_;

@@ -150,6 +150,7 @@ void run_model_benchmark(const ModelBenchOptions& options) {
           eo.tune_decode_gemms = options.tune_gemms;
           eo.rotation = kv_rotation;
           eo.fuse_query_rotation_into_qkv = options.fuse_query_rotation;
+          eo.fuse_kv_append_into_attention = options.fuse_kv_append;
           std::unique_ptr<CudaEngine> engine;
           try {
             size_t free_bytes = 0, total_bytes = 0;
@@ -175,6 +176,9 @@ void run_model_benchmark(const ModelBenchOptions& options) {
                           kv_name == "fp16"                         ? "none (fp16 K)"
                           : engine->query_rotation_fused_into_qkv() ? "in the qkv GEMM's epilogue (gemv)"
                                                                     : unfused);
+              std::printf("   decode steps: KV append %s\n", engine->kv_append_fused_into_attention()
+                                                                ? "in the attention kernel"
+                                                                : "in a kernel of its own");
               printed_choices = true;
             }
             std::vector<StepRow> rows;

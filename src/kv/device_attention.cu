@@ -64,6 +64,7 @@
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/pdl.cuh"
 #include "lowbit/kv/device_cache.h"
+#include "lowbit/kv/append_warp.cuh"
 #include "lowbit/kv/hadamard_warp.cuh"
 
 namespace lowbit::kv {
@@ -114,6 +115,11 @@ struct AttnArgs {
   float* part_out;  // [rows][num_q_heads][max_splits][d]
   float* part_lse;  // [rows][num_q_heads][max_splits], log2 units
   float k_centroids[16], v_centroids[16];
+  // DeviceDecodeOptions::append_k / append_v (null: the newest tokens are
+  // in the cache already) and where they go.
+  const float* append_k;
+  const float* append_v;
+  KvAppendTarget append;
 };
 
 __device__ __forceinline__ void row_of(const AttnArgs& a, int r, int& table_row, int64_t& len) {
@@ -528,9 +534,31 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32, Til
     // previous kernel may be the one appending the token this call attends
     // to (also the case for the last chunk above): nothing of the cache is
     // read before the wait.
+    // With append_k, this CTA holds the row's newest token and stores it
+    // first: warp 0 its K, warp 1 its V, with the append kernel's bytes.
+    // What that needs besides the vector (codebook, signs, the row's page)
+    // is loaded before the wait; the vector, made by the kernel before this
+    // one, after it.
+    const bool appends = a.append_k != nullptr && t1 == len && warp < 2;
+    KvAppendPlan plan{};
+    if (appends) {
+      plan = append_plan_begin<D>(a.append, warp, r, h);
+      append_plan_slot(a.append, plan);
+    }
     if (quantized(KF)) fill_lut<kRowWords>(lut_fill, KF, a.k_centroids);
     if (quantized(VF) && VF != KF) fill_lut<kRowWords>(lut_fill + lut_entries(KF) * kRowWords, VF, a.v_centroids);
     cuda::pdl_wait();
+    if (a.append_k != nullptr && t1 == len) {
+      if (appends) {
+        const float* src = (warp == 0 ? a.append_k : a.append_v) + (static_cast<int64_t>(r) * a.num_kv_heads + h) * D;
+        float x[D / 32];
+#pragma unroll
+        for (int u = 0; u < D / 32; ++u) x[u] = src[lane + 32 * u];
+        append_vector_warp<D>(a.append, plan, x, my_stages);  // the ring is empty yet: its first bytes are scratch
+      }
+      // The newest token's bytes are stored before any warp copies its tile.
+      __syncthreads();
+    }
 #pragma unroll
     for (int i = 0; i < S - 1; ++i) {
       if (i < n_my) issue();
@@ -1014,6 +1042,13 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
   const bool k_rot = is_quantized(cfg.k_format), v_rot = is_quantized(cfg.v_format);
   LOWBIT_CHECK_ARG(!options.queries_rotated || (k_rot && prefill_row < 0), "queries_rotated", "true",
                    "false for fp16 K and for prefill (decode queries against quantized K only)");
+  LOWBIT_CHECK_ARG((options.append_k == nullptr) == (options.append_v == nullptr), "append_k",
+                   options.append_k == nullptr ? "null" : "set", "set together with append_v");
+  LOWBIT_CHECK_ARG(options.append_k == nullptr || prefill_row < 0, "append_k", "set",
+                   "null for prefill (device_write_tokens stores a prefill's tokens)");
+  // Before any launch: Error(unsupported) for Haar-rotated parts.
+  const KvAppendTarget append_target =
+      options.append_k != nullptr ? device_append_target(cache, layer, tables) : KvAppendTarget{};
   // Quantized K, the queries rotated (q' = q @ M, times the softmax scale):
   //  - by the caller (DeviceDecodeOptions::queries_rotated);
   //  - Hadamard: inside the attention CTAs, with the d signs (no kernel before
@@ -1051,8 +1086,13 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
   a.q = rotate_here ? q_rot : q;
   a.queries_rotated = k_rot;
   // No kernel between the caller's last one and this: it may have appended
-  // each row's newest token.
-  a.newest_token_fresh = options.queries_rotated || rotate_in_cta;
+  // each row's newest token, or made the K/V this call appends.
+  a.newest_token_fresh = options.queries_rotated || rotate_in_cta || options.append_k != nullptr;
+  if (options.append_k != nullptr) {  // the newest tokens stored by the CTAs holding them
+    a.append = append_target;
+    a.append_k = options.append_k;
+    a.append_v = options.append_v;
+  }
   a.q_signs = rotate_in_cta ? signs : nullptr;
   a.q_rotate_scale = decode_query_scale(cfg, options);
   a.q_scale = k_rot ? 1.0f : scale * kLog2e;

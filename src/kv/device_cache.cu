@@ -23,6 +23,7 @@
 #include "lowbit/core/error.h"
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/pdl.cuh"
+#include "lowbit/kv/append_warp.cuh"
 
 namespace lowbit::kv {
 
@@ -66,6 +67,16 @@ DeviceKvCache::DeviceKvCache(const KvCacheConfig& config) : config_(config) {
       signs_.emplace_back();
     }
   }
+  std::vector<float> books(64, 0.0f);
+  for (int p = 0; p < 2; ++p) {
+    const VectorQuantizer* q = p == 0 ? k_quantizer_.get() : v_quantizer_.get();
+    if (q == nullptr) continue;
+    const Codebook& book = q->codebook();
+    std::copy(book.boundaries_f32.begin(), book.boundaries_f32.end(), books.begin() + 32 * p);
+    std::copy(book.centroids_f32.begin(), book.centroids_f32.end(), books.begin() + 32 * p + 16);
+  }
+  codebooks_ = Buffer(books.size() * 4, Device::cuda);
+  Buffer::copy(codebooks_.data(), Device::cuda, books.data(), Device::cpu, books.size() * 4);
 }
 
 namespace {
@@ -90,6 +101,9 @@ const float* DeviceKvCache::rotation_t(int layer) const {
 const float* DeviceKvCache::hadamard_signs(int layer) const {
   check_layer_index(layer, config_.num_layers);
   return signs_[static_cast<size_t>(layer)].as<const float>();
+}
+const float* DeviceKvCache::device_codebook(KvPart part) const {
+  return codebooks_.as<const float>() + (part == KvPart::key ? 0 : 32);
 }
 
 void DeviceKvCache::upload(const PagedKvCache& host) {
@@ -235,17 +249,19 @@ struct WriteArgs {
   PartFormat part[2];  // key, value
 };
 
-// The kernel runs one thread per coordinate: D threads.
+// The kernel runs one thread per coordinate: D threads. The block's sum in
+// the order of the warp append (append_warp.cuh, sum_double_over_lanes):
+// gathered into one warp's layout, which every warp then sums alike.
 template <int D>
 __device__ double block_sum_double(double x, double* scratch) {
-  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   __syncthreads();  // scratch may still be read from the previous call
-  if (lane == 0) scratch[warp] = x;
+  scratch[threadIdx.x] = x;
   __syncthreads();
-  double s = 0.0;
-  for (int w = 0; w < D / 32; ++w) s += scratch[w];
-  return s;
+  const int lane = threadIdx.x % 32;
+  double v[D / 32];
+#pragma unroll
+  for (int u = 0; u < D / 32; ++u) v[u] = scratch[lane + 32 * u];
+  return sum_double_over_lanes<D>(v);
 }
 
 // kVectors: vectors quantized together per CTA (one load of M[i][j] serves
@@ -259,7 +275,7 @@ __global__ void __launch_bounds__(D) write_kernel(WriteArgs a) {
   float* m_s = reinterpret_cast<float*>(smem_f4);      // [d][d]
   float* x_s = m_s + kD * kD;                           // [kVectors][d]
   uint8_t* idx_s = reinterpret_cast<uint8_t*>(x_s + kVectors * kD);  // [kVectors][d]
-  __shared__ double scratch[kWriteThreads / 32];
+  __shared__ double scratch[kWriteThreads];
   const int j = threadIdx.x;
   const bool haar = a.signs == nullptr;
   if (haar) {
@@ -484,6 +500,40 @@ void launch_write(const DeviceKvCache& cache, int layer, const DeviceBlockTables
 }
 
 }  // namespace
+
+KvAppendTarget device_append_target(const DeviceKvCache& cache, int layer, const DeviceBlockTables& tables) {
+  const KvCacheConfig& c = cache.config();
+  const bool quantized_part = cache.quantizer(KvPart::key) != nullptr || cache.quantizer(KvPart::value) != nullptr;
+  if (quantized_part && c.rotation != RotationKind::hadamard)
+    throw Error(ErrorKind::unsupported,
+                "device_append_target: K/V quantized with Haar rotations are appended by device_append_tokens "
+                "(a 64 KB matrix per layer); a kernel's epilogue applies only the Hadamard rotation");
+  KvAppendTarget t;
+  t.pool = cache.pool(layer);
+  t.slab_bytes = cache.layout().bytes;
+  t.tables = tables.tables.as<const int32_t>();
+  t.table_stride = tables.stride;
+  t.lengths = tables.lengths.as<const int32_t>();
+  t.signs = cache.hadamard_signs(layer);
+  t.num_kv_heads = c.num_kv_heads;
+  t.page_size = c.page_size;
+  t.head_dim = c.head_dim;
+  t.renormalize = c.renormalize;
+  t.scale_f32 = c.scale_dtype == ScaleDType::f32;
+  for (KvPart part : {KvPart::key, KvPart::value}) {
+    const PartFormat f = part_format(cache, part);
+    KvAppendPart& p = t.part[part == KvPart::key ? 0 : 1];
+    p.bounds = cache.device_codebook(part);
+    p.centroids = p.bounds + 16;
+    p.rows_offset = f.rows_offset;
+    p.scales_offset = f.scales_offset;
+    p.row_bytes = static_cast<int32_t>(f.row_bytes);
+    p.scale_bytes = static_cast<int32_t>(f.scale_bytes);
+    p.bits = f.bits;
+    p.nbounds = f.nbounds;
+  }
+  return t;
+}
 
 void device_append_tokens(const DeviceKvCache& cache, int layer, const DeviceBlockTables& tables, const float* k,
                           const float* v, cudaStream_t stream) {

@@ -392,6 +392,51 @@ TEST(CudaEngine, QueryRotationFromTheQkvGemmGivesTheSameBits) {
       }
 }
 
+// Decode steps append the K/V inside the attention kernel
+// (fuse_kv_append_into_attention) when the cache allows a warp's append
+// (Hadamard rotations, or fp16 K and V): the logits are the bits of the same
+// engine with the append kernel, at every step (replayed from CUDA graphs
+// after the first; the rows cross a page boundary at 16 tokens), for K/V
+// formats with and without quantized parts, both head dimensions, with the
+// query rotation in the QKV GEMM (qwen3) or in the attention (llama). With
+// a Haar cache the fusion does not apply.
+TEST(CudaEngine, KvAppendInsideTheAttentionGivesTheSameBits) {
+  LOWBIT_REQUIRE_GPU();
+  const std::pair<kv::KvFormat, kv::KvFormat> formats[] = {{kv::KvFormat::tq4, kv::KvFormat::tq4},
+                                                           {kv::KvFormat::tq3, kv::KvFormat::fp16},
+                                                           {kv::KvFormat::fp16, kv::KvFormat::tq2},
+                                                           {kv::KvFormat::fp16, kv::KvFormat::fp16}};
+  for (Architecture arch : {Architecture::llama, Architecture::qwen3})
+    for (const int64_t head_dim : {128, 64})
+      for (const auto& [kf, vf] : formats) {
+        SCOPED_TRACE(testing::Message() << architecture_name(arch) << " head_dim " << head_dim << " K/V "
+                                        << kv::kv_format_name(kf) << "/" << kv::kv_format_name(vf));
+        const Model model = make_random_model(tiny_config(arch, head_dim), 37, WeightMode::w4, 0.08f);
+        const DeviceModel device_model = DeviceModel::upload(model, false);
+        CudaEngineOptions options;
+        options.max_tokens = 32;
+        options.page_size = 16;
+        options.k_format = kf;
+        options.v_format = vf;
+        options.rotation = kv::RotationKind::hadamard;
+        options.decode_gemm = W4A16Options{W4A16Strategy::gemv, 0};
+        options.fuse_query_rotation_into_qkv = arch == Architecture::qwen3;
+        CudaEngine fused(device_model, options);
+        options.fuse_kv_append_into_attention = false;
+        CudaEngine separate(device_model, options);
+        EXPECT_TRUE(fused.kv_append_fused_into_attention());
+        EXPECT_FALSE(separate.kv_append_fused_into_attention());
+        const std::vector<std::vector<uint16_t>> out[2] = {prompt_and_decode_bits(fused, 20),
+                                                           prompt_and_decode_bits(separate, 20)};
+        for (size_t step = 0; step < out[0].size(); ++step) EXPECT_EQ(out[0][step], out[1][step]) << "step " << step;
+        CudaEngineOptions haar = options;
+        haar.rotation = kv::RotationKind::haar;
+        haar.fuse_kv_append_into_attention = true;
+        const bool quantized = kf != kv::KvFormat::fp16 || vf != kv::KvFormat::fp16;
+        EXPECT_EQ(CudaEngine(device_model, haar).kv_append_fused_into_attention(), !quantized);
+      }
+}
+
 // Decode steps replayed from a CUDA graph give the bits of eager steps: two
 // engines on one model, graphs on and off, fed the same tokens. The plan
 // length is 16 tokens, so the rows cross several plan lengths (a new capture

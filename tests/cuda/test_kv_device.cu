@@ -6,6 +6,9 @@
 //  - decode attention equals the CPU reference of the quantized path to
 //    1e-3 relative for every K/V format pair, GQA, page boundaries (lengths
 //    1, P-1, P, P+1), mixed batches, forced and automatic KV splits;
+//  - the decode attention's own append of the newest token
+//    (DeviceDecodeOptions::append_k) stores the append kernel's bytes and
+//    gives its output bits;
 //  - causal prefill (whole and chunked) likewise;
 //  - bad arguments throw.
 // Outputs are poisoned with NaN before each call, so an unwritten element fails.
@@ -315,6 +318,114 @@ TEST(KvDevice, DecodeHadamardRotation) {
       check_decode(kf, vf, 16, {1, 33, 300}, 9, 3, 32, DataKind::outliers, ScaleDType::f32, 0, 64, 0,
                    RotationKind::hadamard);
     }
+}
+
+// DeviceDecodeOptions::append_k: the attention stores each row's newest
+// token itself (one warp for K, one for V, in the CTA holding the row's last
+// chunk) before it reads it. Against the append kernel followed by the
+// attention: the same pool bytes and the same output bits, for every format
+// pair at both head dimensions and both CTA layouts, with the newest token
+// at the first, last and a middle slot of a page (lengths 17, 16, 300 at 16
+// tokens per page) and in a one-token row; also with the queries rotated by
+// the caller (the engine's decode step). Both caches first hold other
+// vectors in the newest slots, so a token the attention failed to store
+// shows. A Haar cache with quantized parts is refused: the warp applies only
+// the Hadamard rotation.
+void check_decode_append(KvFormat kf, KvFormat vf, int head_dim, int q_heads, int kv_heads, int cta_warps) {
+  SCOPED_TRACE(name(kf, vf) + " d=" + std::to_string(head_dim) + " cta_warps=" + std::to_string(cta_warps));
+  const std::vector<int64_t> lens = {1, 15, 16, 17, 300};
+  const KvCacheConfig c =
+      make_config(kf, vf, 16, pages_for(lens, 16), kv_heads, ScaleDType::f16, RotationKind::hadamard, head_dim);
+  HostBatch hb(c, lens, DataKind::outliers, 41);
+  const DeviceBlockTables tables = DeviceBlockTables::from_cache(hb.cache, hb.seqs);
+  const int batch = static_cast<int>(lens.size());
+  const size_t vec = static_cast<size_t>(kv_heads) * head_dim;
+  std::vector<float> k_last, v_last;
+  for (size_t b = 0; b < lens.size(); ++b) {
+    const size_t at = static_cast<size_t>(lens[b] - 1) * vec;
+    k_last.insert(k_last.end(), hb.k[b].begin() + static_cast<int64_t>(at), hb.k[b].end());
+    v_last.insert(v_last.end(), hb.v[b].begin() + static_cast<int64_t>(at), hb.v[b].end());
+  }
+  const Buffer kl = to_device(k_last), vl = to_device(v_last);
+  const Buffer k_other = to_device(kvtest::random_rows(batch, kv_heads, head_dim, 5, DataKind::gaussian, true));
+  const Buffer v_other = to_device(kvtest::random_rows(batch, kv_heads, head_dim, 6, DataKind::gaussian, false));
+  const std::vector<float> q = kvtest::random_rows(batch, q_heads, head_dim, 999, DataKind::gaussian, false);
+  const Buffer qd = to_device(q);
+  AttentionWorkspace ws;
+  DeviceDecodeOptions o;
+  o.cta_warps = cta_warps;
+  // The append kernel, then the attention.
+  DeviceKvCache separate(c);
+  separate.upload(hb.cache);
+  device_append_tokens(separate, kTestLayer, tables, k_other.as<float>(), v_other.as<float>());
+  device_append_tokens(separate, kTestLayer, tables, kl.as<float>(), vl.as<float>());
+  Buffer out_separate = poisoned_output(q.size());
+  device_decode_attention(separate, kTestLayer, tables, q_heads, qd.as<float>(), out_separate.as<float>(), ws, o);
+  LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<std::byte> pool_separate = separate.download_pool(kTestLayer);
+  const std::vector<float> want = from_device(out_separate, q.size());
+  std::vector<float> ref(q.size());
+  paged_decode_attention_ref(hb.cache, kTestLayer, hb.seqs, q_heads, q, ref);
+  EXPECT_TRUE(close_to_reference(want, ref));
+  // The attention appending, with the queries as given and, for quantized K,
+  // rotated and scaled by the caller.
+  std::vector<float> q_rot(q.size());
+  const Rotation& rot = hb.cache.rotation(kTestLayer);
+  const float q_scale = decode_query_scale(c, {});
+  const size_t d = static_cast<size_t>(head_dim);
+  for (size_t h = 0; h < q.size() / d; ++h) {
+    rot.rotate(std::span<const float>(q.data() + h * d, d), std::span<float>(q_rot.data() + h * d, d));
+    for (size_t i = 0; i < d; ++i) q_rot[h * d + i] *= q_scale;
+  }
+  const Buffer qrd = to_device(q_rot);
+  for (const bool rotated : {false, true}) {
+    if (rotated && kf == KvFormat::fp16) continue;
+    SCOPED_TRACE(rotated ? "queries rotated by the caller" : "queries as given");
+    DeviceKvCache fused(c);
+    fused.upload(hb.cache);
+    device_append_tokens(fused, kTestLayer, tables, k_other.as<float>(), v_other.as<float>());
+    Buffer out_fused = poisoned_output(q.size());
+    DeviceDecodeOptions of = o;
+    of.append_k = kl.as<float>();
+    of.append_v = vl.as<float>();
+    of.queries_rotated = rotated;
+    device_decode_attention(fused, kTestLayer, tables, q_heads, (rotated ? qrd : qd).as<float>(),
+                            out_fused.as<float>(), ws, of);
+    LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<std::byte> pool_fused = fused.download_pool(kTestLayer);
+    ASSERT_EQ(pool_fused.size(), pool_separate.size());
+    EXPECT_EQ(std::memcmp(pool_fused.data(), pool_separate.data(), pool_fused.size()), 0)
+        << "the attention's append stored other bytes than the append kernel";
+    const std::vector<float> got = from_device(out_fused, q.size());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0)
+        << "the attention's output with its own append differs from the append kernel's";
+  }
+}
+
+TEST(KvDevice, DecodeAppendsTheNewestTokenAsTheAppendKernel) {
+  LOWBIT_REQUIRE_GPU();
+  for (KvFormat kf : kAllFormats)
+    for (KvFormat vf : kAllFormats) {
+      const bool packed = kf != KvFormat::fp16 && vf != KvFormat::fp16;
+      check_decode_append(kf, vf, 128, 40, 8, 0);
+      if (packed) check_decode_append(kf, vf, 128, 40, 8, 16);
+      check_decode_append(kf, vf, 64, 9, 3, 0);
+    }
+  // Haar rotations: the append kernel's job (a 64 KB matrix per layer).
+  const std::vector<int64_t> lens = {20};
+  const KvCacheConfig haar = make_config(KvFormat::tq4, KvFormat::tq4, 16, 4, 2);
+  HostBatch hb(haar, lens, DataKind::gaussian, 1);
+  DeviceKvCache dev(haar);
+  const DeviceBlockTables tables = DeviceBlockTables::from_cache(hb.cache, hb.seqs);
+  Buffer q(4 * 128 * 4, Device::cuda), out(4 * 128 * 4, Device::cuda), kv(2 * 128 * 4, Device::cuda);
+  AttentionWorkspace ws;
+  DeviceDecodeOptions o;
+  o.append_k = o.append_v = kv.as<float>();
+  EXPECT_TRUE(throws_error([&] { device_decode_attention(dev, 0, tables, 4, q.as<float>(), out.as<float>(), ws, o); },
+                           ErrorKind::unsupported, "Haar"));
+  o.append_v = nullptr;
+  EXPECT_TRUE(throws_error([&] { device_decode_attention(dev, 0, tables, 4, q.as<float>(), out.as<float>(), ws, o); },
+                           ErrorKind::invalid_argument, "append_v"));
 }
 
 // head_dim 64 on SmolLM2's geometry (9 query heads over 3 KV heads): every

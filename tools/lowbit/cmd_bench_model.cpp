@@ -54,6 +54,8 @@ void add_bench_model_command(CLI::App& bench) {
   model->add_flag("!--no-query-rotation-fusion", options.fuse_query_rotation,
                   "With a Hadamard rotation: rotate the queries in the attention kernel, not in the qkv GEMM's "
                   "epilogue");
+  model->add_flag("!--no-kv-append-fusion", options.fuse_kv_append,
+                  "Append each decode step's K/V with a kernel of its own, not inside the attention kernel");
   model->add_flag("!--no-graphs", options.graphs,
                   "Time decode steps launched eagerly, not replayed as CUDA graphs");
   model->add_flag("--breakdown", options.breakdown,

@@ -146,6 +146,12 @@ struct CudaEngineOptions {
   // v11). (A Haar rotation is a 64 KB matrix per layer, which an epilogue
   // warp does not read: its own kernel rotates.)
   bool fuse_query_rotation_into_qkv = true;
+  // At a decode step whose cache takes a warp's append (Hadamard rotations,
+  // or fp16 K and V: kv::device_append_target), the decode attention stores
+  // each row's newest K/V itself, in the CTA that holds it, before reading
+  // it (kv::DeviceDecodeOptions::append_k): no KV append kernel between the
+  // QKV GEMM and the attention, the same cache bytes.
+  bool fuse_kv_append_into_attention = true;
 };
 
 // One row of a step: `n` new tokens of sequence `seq` at positions
@@ -225,6 +231,9 @@ class CudaEngine {
   bool query_rotation_fused_into_qkv() const {
     return !model_.layers.empty() && qkv_rotates_queries(model_.layers.front().qkv, 1);
   }
+  // Whether decode steps append the K/V inside the attention
+  // (CudaEngineOptions::fuse_kv_append_into_attention, a cache that allows it).
+  bool kv_append_fused_into_attention() const;
   const kv::DeviceKvCache& cache() const { return *cache_; }
   cudaStream_t stream() const { return stream_; }
   int64_t kv_bytes_per_token() const;  // all layers, K and V

@@ -24,6 +24,7 @@ struct ModelBenchOptions {
   // "haar" or "hadamard" (CudaEngineOptions::rotation).
   std::string kv_rotation = "auto";
   bool fuse_query_rotation = true;  // CudaEngineOptions::fuse_query_rotation_into_qkv
+  bool fuse_kv_append = true;  // CudaEngineOptions::fuse_kv_append_into_attention
   std::vector<int> batches = {1, 16};
   std::vector<int64_t> contexts = {1024, 32768};
   // Prefill is timed for contexts up to this length (the prefill attention

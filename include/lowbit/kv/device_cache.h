@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "lowbit/core/tensor.h"
+#include "lowbit/kv/append_target.h"
 #include "lowbit/kv/paged_cache.h"
 
 namespace lowbit::kv {
@@ -68,6 +69,9 @@ class DeviceKvCache {
   const VectorQuantizer* quantizer(KvPart part) const {
     return part == KvPart::key ? k_quantizer_.get() : v_quantizer_.get();
   }
+  // The part's codebook on the device: 16 fp32 boundaries (the first
+  // 2^bits - 1 used), then 16 centroids. Zeros for an fp16 part.
+  const float* device_codebook(KvPart part) const;
 
   // Copies every layer's pool from / to a host cache of the same config.
   void upload(const PagedKvCache& host);
@@ -79,6 +83,7 @@ class DeviceKvCache {
   int64_t pool_bytes_ = 0;
   std::vector<Buffer> pools_, rotations_, rotations_t_, signs_;
   std::unique_ptr<VectorQuantizer> k_quantizer_, v_quantizer_;
+  Buffer codebooks_;  // per part: 16 boundaries, then 16 centroids (fp32)
 };
 
 // Block tables and lengths of the sequences (rows) of one call, on the device.
@@ -108,6 +113,14 @@ struct DeviceBlockTables {
 // extended the sequence first, as with PagedKvCache::write_token).
 void device_append_tokens(const DeviceKvCache& cache, int layer, const DeviceBlockTables& tables,
                           const float* k, const float* v, cudaStream_t stream = nullptr);
+// What device_append_tokens does, for a kernel that quantizes and stores the
+// K/V vectors itself, one warp per vector (append_warp.cuh; the decode
+// attention with DeviceDecodeOptions::append_k): the layer's pool and
+// codebooks and the tables' device pointers (valid while `tables` keeps its
+// buffers). Only the Hadamard rotation can be applied there:
+// Error(unsupported) for a cache with quantized parts and Haar rotations.
+KvAppendTarget device_append_target(const DeviceKvCache& cache, int layer, const DeviceBlockTables& tables);
+
 // Quantizes and stores tokens first_pos .. first_pos + n_tokens - 1 of row
 // `row` (k, v: [n_tokens][num_kv_heads][head_dim] fp32, device).
 void device_write_tokens(const DeviceKvCache& cache, int layer, const DeviceBlockTables& tables, int row,
@@ -150,6 +163,16 @@ struct DeviceDecodeOptions {
   // only after the kernel before this call completed (the kernel that made
   // q may have been launched right after the append).
   bool queries_rotated = false;
+  // Decode only: each row's newest token (at lengths[r] - 1, the sequence
+  // already extended) is not in the cache yet; its K and V are here
+  // ([rows][num_kv_heads][head_dim] fp32, device, as device_append_tokens
+  // takes them), and the attention stores them, with device_append_tokens's
+  // bytes, before it reads them: the CTA holding a row's last chunk, one warp
+  // for K and one for V (append_warp.cuh). One kernel fewer on a decode
+  // step's critical path. Hadamard rotations or fp16 parts only
+  // (device_append_target): Error(unsupported) with Haar.
+  const float* append_k = nullptr;
+  const float* append_v = nullptr;
 };
 
 // What the decode attention multiplies the rotated queries by (its query
