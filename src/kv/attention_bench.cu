@@ -203,12 +203,14 @@ void run_kv_attention_benchmark(const KvAttentionBenchOptions& options) {
           const int64_t split = forced > 0 ? std::min(forced, (context + 15) / 16 * 16) : auto_split;
           kv::DeviceDecodeOptions decode;
           decode.split_tokens = forced;
+          decode.cluster_merge = options.cluster_merge;
           bench::BenchRow row;
           row.suite = "kv_decode_attention";
           row.impl = impl;
           row.shape = {{"batch", batch},        {"context", context},     {"q_heads", kQHeads},
                        {"kv_heads", kKvHeads}, {"head_dim", kHeadDim}, {"page_size", options.page_size},
-                       {"rotation", std::string(options.hadamard ? "hadamard" : "haar")}};
+                       {"rotation", std::string(options.hadamard ? "hadamard" : "haar")},
+                       {"cluster_merge", options.cluster_merge}};
           row.bytes = static_cast<uint64_t>(batch) * static_cast<uint64_t>(context) * kKvHeads *
                       static_cast<uint64_t>(2 * vec_bytes);
           row.stats = cuda::time_cuda(

@@ -53,6 +53,7 @@
 //    one of 16).
 //  - Split-KV (flash-decoding) cuts each row into chunks; decode_split_tokens
 //    picks the count that fills the SMs in whole waves.
+#include <cooperative_groups.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -115,6 +116,16 @@ struct AttnArgs {
   float* part_out;  // [rows][num_q_heads][max_splits][d]
   float* part_lse;  // [rows][num_q_heads][max_splits], log2 units
   float k_centroids[16], v_centroids[16];
+  // DeviceDecodeOptions::cluster_merge: the CTAs of one (row, KV head) are a
+  // cluster (one CTA per chunk), each leaves its chunk's result in its
+  // shared memory at cluster_result_offset, and the cluster merges them
+  // (merge_in_cluster) into out / out16, un-rotating by v_signs: no merge
+  // kernel, no partials in global memory.
+  bool cluster_merge;
+  int cluster_result_offset;
+  float* out;
+  __half* out16;
+  const float* v_signs;
   // DeviceDecodeOptions::append_k / append_v (null: the newest tokens are
   // in the cache already) and where they go.
   const float* append_k;
@@ -438,6 +449,66 @@ __device__ __forceinline__ void copy_pieces(uint8_t* dst, const std::byte* src, 
     if (kPieces % 32 == 0 || 32 * i + lane < kPieces) cp_async16(dst + 16 * (32 * i + lane), src + 16 * (32 * i + lane));
 }
 
+// At most this many chunks per row are merged inside a cluster (the
+// portable cluster size); longer rows take the merge kernel.
+constexpr int kMaxClusterChunks = 8;
+
+// DeviceDecodeOptions::cluster_merge, after every CTA of the cluster left its
+// chunk's result in its shared memory (`results`: [kDeviceMaxGroup][D], then
+// the log-sum-exps [kDeviceMaxGroup]): the merge kernel's arithmetic, with
+// the partials read through distributed shared memory instead of global
+// memory. Each query head of the group is merged by one warp of one CTA
+// (head = rank + ranks * warp), which then un-rotates it by the signs and
+// stores it, so the bits are the merge kernel's. Every CTA of the cluster
+// calls this, those whose chunk is past their row's end too: they take
+// part in both cluster barriers and may own a head.
+template <int D>
+__device__ void merge_in_cluster(const AttnArgs& a, int r, int h, int64_t len, float* results, int warps) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();  // every chunk's result is in its CTA's shared memory
+  const int ranks = static_cast<int>(cluster.num_blocks()), rank = static_cast<int>(cluster.block_rank());
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int n_chunks = static_cast<int>((len + a.split_tokens - 1) / a.split_tokens);
+  float* lse_of = results + kDeviceMaxGroup * D;
+  float lane_signs[D / 32];
+  if (a.v_signs != nullptr) load_lane_signs<D>(a.v_signs, lane_signs);
+  for (int head = rank + ranks * warp; head < a.group; head += ranks * warps) {
+    float lse[kMaxClusterChunks];
+    float block_max = -INFINITY;
+#pragma unroll
+    for (int u = 0; u < kMaxClusterChunks; ++u) {
+      lse[u] = u < n_chunks ? *cluster.map_shared_rank(lse_of + head, u) : -INFINITY;
+      block_max = fmaxf(block_max, lse[u]);
+    }
+    float total = 0.0f, acc[D / 32];
+#pragma unroll
+    for (int k = 0; k < D / 32; ++k) acc[k] = 0.0f;
+#pragma unroll
+    for (int u = 0; u < kMaxClusterChunks; ++u) {
+      if (u >= n_chunks) break;
+      const float w = exp2f(lse[u] - block_max);
+      const float* remote = cluster.map_shared_rank(results + head * D, u);
+      total += w;
+#pragma unroll
+      for (int k = 0; k < D / 32; ++k) acc[k] = fmaf(w, remote[lane + 32 * k], acc[k]);
+    }
+    float v[D / 32];
+#pragma unroll
+    for (int k = 0; k < D / 32; ++k) v[k] = acc[k] / total;
+    if (a.v_signs != nullptr) hadamard_unrotate_warp<D>(v, lane_signs);
+    const int64_t out_base = (static_cast<int64_t>(r) * a.num_q_heads + h * a.group + head) * D;
+#pragma unroll
+    for (int k = 0; k < D / 32; ++k) {
+      if (a.out16 != nullptr) a.out16[out_base + lane + 32 * k] = __float2half_rn(v[k]);
+      else a.out[out_base + lane + 32 * k] = v[k];
+    }
+  }
+  cluster.sync();  // no CTA exits while another reads its shared memory
+#endif
+}
+
 template <int KF, int VF, bool kWide, int D>
 __global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32, TileLayout<KF, VF, kWide, D>::kCtasPerSm)
     attend_kernel(AttnArgs a) {
@@ -465,7 +536,14 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32, Til
   // 32-bit token arithmetic (lengths < 2^31): 64-bit divisions are software
   // routines of ~100 instructions, which the per-tile page lookup paid.
   const int t0 = split * static_cast<int>(a.split_tokens);
-  if (t0 >= len) return;  // this row has fewer chunks; the merge reads only its own
+  if (t0 >= len) {  // this row has fewer chunks; the merge reads only its own
+    if (a.cluster_merge) {
+      cuda::pdl_launch_dependents();
+      cuda::pdl_wait();  // before its stores of the output
+      merge_in_cluster<D>(a, r, h, len, reinterpret_cast<float*>(stages + a.cluster_result_offset), kWarps);
+    }
+    return;
+  }
   const int t1 = static_cast<int>(min(len, int64_t{t0} + a.split_tokens));
 
   const int g = lane >> 2, c = lane & 3;
@@ -706,10 +784,18 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32, Til
       total += f * ml[w2 * 8 + head];
       acc += f * mo[(w2 * 8 + head) * D + j];
     }
+    if (a.cluster_merge) {
+      float* results = reinterpret_cast<float*>(stages + a.cluster_result_offset);
+      results[head * D + j] = acc / total;
+      if (j == 0) results[kDeviceMaxGroup * D + head] = M + log2f(total);
+      continue;
+    }
     const int64_t out_row = (static_cast<int64_t>(r) * a.num_q_heads + h * a.group + head) * a.max_splits + split;
     a.part_out[out_row * D + j] = acc / total;
     if (j == 0) a.part_lse[out_row] = M + log2f(total);
   }
+  if (a.cluster_merge)
+    merge_in_cluster<D>(a, r, h, len, reinterpret_cast<float*>(stages + a.cluster_result_offset), kWarps);
 }
 
 // The dense D x D products of the two small kernels (q @ M, o @ M^T) are
@@ -893,8 +979,11 @@ void launch_attend(const AttnArgs& a, dim3 grid, cudaStream_t stream) {
   const int lut_bytes = 4 * L::kRowWords * (lut_entries(KF) + (VF == KF ? 0 : lut_entries(VF)));
   // The epilogue's region: the warps' outputs, then their m and l.
   const int merge_bytes = 4 * (L::kWarps * 8 * D + 2 * L::kWarps * 8);
-  int smem = lut_bytes + std::max(L::kWarps * L::kStages * L::kStageBytes, merge_bytes);
+  // With cluster_merge, the chunk's result after those (merge_in_cluster).
+  const int cluster_bytes = a.cluster_merge ? 4 * kDeviceMaxGroup * (D + 1) : 0;
+  int smem = lut_bytes + std::max(L::kWarps * L::kStages * L::kStageBytes, merge_bytes + cluster_bytes);
   AttnArgs args = a;
+  args.cluster_result_offset = merge_bytes;
   if (a.q_signs != nullptr) {  // the rotated queries of the group after everything else
     args.q_stage_offset = smem;
     smem += 4 * kDeviceMaxGroup * D;
@@ -905,8 +994,8 @@ void launch_attend(const AttnArgs& a, dim3 grid, cudaStream_t stream) {
         cudaFuncSetAttribute(attend_kernel<KF, VF, kWide, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     configured = smem;
   }
-  cuda::launch_with_pdl(attend_kernel<KF, VF, kWide, D>, grid, dim3(32 * L::kWarps), static_cast<size_t>(smem), stream,
-                        args);
+  cuda::launch_with_pdl_in_clusters(attend_kernel<KF, VF, kWide, D>, a.cluster_merge ? static_cast<int>(grid.x) : 0,
+                                    grid, dim3(32 * L::kWarps), static_cast<size_t>(smem), stream, args);
 }
 
 // The wide layout is built for d = 128 only (plan_decode never picks it at
@@ -946,6 +1035,21 @@ void dispatch(int kf, int vf, bool wide, const AttnArgs& a, dim3 grid, cudaStrea
     default:
       return dispatch_v<kFp16, D>(vf, wide, a, grid, stream);
   }
+}
+
+// Whether the current device launches clusters (sm_90 and later). Cached
+// per device.
+bool clusters_available() {
+  static int cached[64];  // 0 unknown, 1 no, 2 yes
+  int device = 0;
+  LOWBIT_CUDA_CHECK(cudaGetDevice(&device));
+  if (device < 0 || device >= 64) return false;
+  if (cached[device] == 0) {
+    int yes = 0;
+    LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&yes, cudaDevAttrClusterLaunch, device));
+    cached[device] = yes != 0 ? 2 : 1;
+  }
+  return cached[device] == 2;
 }
 
 int sm_count() {
@@ -1098,12 +1202,25 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
   a.q_scale = k_rot ? 1.0f : scale * kLog2e;
   a.split_tokens = split;
   a.max_splits = max_splits;
-  // One chunk: the partial has the output's layout, so the merge kernel
-  // un-rotates in place and the workspace needs no copy of the output.
-  a.part_out = max_splits == 1 && options.out_f16 == nullptr
-                   ? out
-                   : ws.partial_out(q_floats * static_cast<size_t>(max_splits));
-  a.part_lse = ws.partial_lse(static_cast<size_t>(rows) * num_q_heads * max_splits);
+  const float* mt = v_rot ? cache.rotation_t(layer) : nullptr;
+  const float* v_signs = v_rot ? signs : nullptr;
+  __half* out16 = static_cast<__half*>(options.out_f16);
+  // The chunks of a row merged inside a cluster of its CTAs (sm_90, up to 8
+  // chunks per row, V un-rotated by signs if at all), else by the merge
+  // kernel from partials in global memory.
+  a.cluster_merge = options.cluster_merge && max_splits <= kMaxClusterChunks && (mt == nullptr || v_signs != nullptr) &&
+                    clusters_available();
+  a.out = out;
+  a.out16 = out16;
+  a.v_signs = v_signs;
+  if (!a.cluster_merge) {
+    // One chunk: the partial has the output's layout, so the merge kernel
+    // un-rotates in place and the workspace needs no copy of the output.
+    a.part_out = max_splits == 1 && options.out_f16 == nullptr
+                     ? out
+                     : ws.partial_out(q_floats * static_cast<size_t>(max_splits));
+    a.part_lse = ws.partial_lse(static_cast<size_t>(rows) * num_q_heads * max_splits);
+  }
   for (KvPart part : {KvPart::key, KvPart::value}) {
     const VectorQuantizer* vq = cache.quantizer(part);
     float* dst = part == KvPart::key ? a.k_centroids : a.v_centroids;
@@ -1111,18 +1228,19 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
     const auto& c = vq->codebook().centroids_f32;
     for (size_t i = 0; i < c.size(); ++i) dst[i] = c[i];
   }
-  const float* mt = v_rot ? cache.rotation_t(layer) : nullptr;
-  const float* v_signs = v_rot ? signs : nullptr;
-  __half* out16 = static_cast<__half*>(options.out_f16);
   const dim3 grid(max_splits, H, rows);
   if (d == 64) {
     dispatch<64>(fmt_of(cfg.k_format), fmt_of(cfg.v_format), plan.wide, a, grid, stream);
-    cuda::launch_with_pdl(v_signs != nullptr ? merge_kernel<64, true> : merge_kernel<64, false>, dim3(rows, H),
-                          dim3(kRotThreads<64>), 0, stream, a, mt, v_signs, out, out16);
+    if (!a.cluster_merge) {
+      cuda::launch_with_pdl(v_signs != nullptr ? merge_kernel<64, true> : merge_kernel<64, false>, dim3(rows, H),
+                            dim3(kRotThreads<64>), 0, stream, a, mt, v_signs, out, out16);
+    }
   } else {
     dispatch<128>(fmt_of(cfg.k_format), fmt_of(cfg.v_format), plan.wide, a, grid, stream);
-    cuda::launch_with_pdl(v_signs != nullptr ? merge_kernel<128, true> : merge_kernel<128, false>, dim3(rows, H),
-                          dim3(kRotThreads<128>), 0, stream, a, mt, v_signs, out, out16);
+    if (!a.cluster_merge) {
+      cuda::launch_with_pdl(v_signs != nullptr ? merge_kernel<128, true> : merge_kernel<128, false>, dim3(rows, H),
+                            dim3(kRotThreads<128>), 0, stream, a, mt, v_signs, out, out16);
+    }
   }
 }
 

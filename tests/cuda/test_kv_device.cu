@@ -6,6 +6,7 @@
 //  - decode attention equals the CPU reference of the quantized path to
 //    1e-3 relative for every K/V format pair, GQA, page boundaries (lengths
 //    1, P-1, P, P+1), mixed batches, forced and automatic KV splits;
+//  - the chunks merged inside a cluster give the merge kernel's bits;
 //  - the decode attention's own append of the newest token
 //    (DeviceDecodeOptions::append_k) stores the append kernel's bytes and
 //    gives its output bits;
@@ -257,6 +258,18 @@ void check_decode(KvFormat kf, KvFormat vf, int page_size, const std::vector<int
   LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
   const std::vector<float> got = from_device(out, q.size());
   EXPECT_TRUE(close_to_reference(got, ref));
+  // Rows of up to 8 chunks are merged inside a cluster of their CTAs
+  // (DeviceDecodeOptions::cluster_merge, sm_90): the merge kernel's bits.
+  {
+    Buffer out_kernel = poisoned_output(q.size());
+    DeviceDecodeOptions ok = o;
+    ok.cluster_merge = false;
+    device_decode_attention(dev, kTestLayer, tables, q_heads, qd.as<float>(), out_kernel.as<float>(), ws, ok);
+    LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<float> merged_by_kernel = from_device(out_kernel, q.size());
+    EXPECT_EQ(std::memcmp(merged_by_kernel.data(), got.data(), got.size() * 4), 0)
+        << "the cluster merge gives other bits than the merge kernel";
+  }
   // The fp16 output option: the same fp32 results, each rounded once.
   Buffer out16(q.size() * 2, Device::cuda);
   LOWBIT_CUDA_CHECK(cudaMemset(out16.data(), 0xFF, out16.size()));  // NaN
@@ -577,7 +590,15 @@ void check_prefill(KvFormat kf, KvFormat vf, int64_t len, int64_t first_pos, int
   o.split_tokens = split_tokens;
   device_prefill_attention(dev, kTestLayer, tables, 0, first_pos, n, 40, qd.as<float>(), out.as<float>(), ws, o);
   LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
-  EXPECT_TRUE(close_to_reference(from_device(out, q.size()), ref));
+  const std::vector<float> got = from_device(out, q.size());
+  EXPECT_TRUE(close_to_reference(got, ref));
+  Buffer out_kernel = poisoned_output(q.size());
+  o.cluster_merge = false;
+  device_prefill_attention(dev, kTestLayer, tables, 0, first_pos, n, 40, qd.as<float>(), out_kernel.as<float>(), ws,
+                           o);
+  LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_EQ(std::memcmp(from_device(out_kernel, q.size()).data(), got.data(), got.size() * 4), 0)
+      << "the cluster merge gives other bits than the merge kernel";
 }
 
 TEST(KvDevice, PrefillCausal) {

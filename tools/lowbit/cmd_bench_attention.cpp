@@ -47,6 +47,9 @@ void add_bench_attention_command(CLI::App& bench) {
                   "read by a query rotation kernel and by the output's un-rotation)")
       ->check(CLI::IsMember({"haar", "hadamard"}))
       ->capture_default_str();
+  cmd->add_flag("!--no-cluster-merge", options.cluster_merge,
+                "Merge the KV chunks with the merge kernel even where a cluster of the attention's CTAs could\n"
+                "(rows of at most 8 chunks)");
   cmd->add_option("--json", options.json_path, "Write one JSON row per measurement to this file");
   add_l2_flush_option(*cmd, options.flush_by_reading);
   cmd->callback([] {

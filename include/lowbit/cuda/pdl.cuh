@@ -47,23 +47,40 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 // later, and LOWBIT_PDL is not "0". Cached per device.
 bool pdl_enabled();
 
+// cluster_x > 0: the grid runs in clusters of cluster_x x 1 x 1 CTAs (sm_90;
+// grid.x a multiple of cluster_x).
 template <typename... Params, typename... Args>
-void launch_with_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                     Args&&... args) {
+void launch_with_pdl_in_clusters(void (*kernel)(Params...), int cluster_x, dim3 grid, dim3 block, size_t smem,
+                                 cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attributes[2]{};
+  unsigned n = 0;
   if (pdl_enabled()) {
-    config.attrs = &attribute;
-    config.numAttrs = 1;
+    attributes[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
   }
+  if (cluster_x > 0) {
+    attributes[n].id = cudaLaunchAttributeClusterDimension;
+    attributes[n].val.clusterDim.x = static_cast<unsigned>(cluster_x);
+    attributes[n].val.clusterDim.y = 1;
+    attributes[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  config.attrs = n > 0 ? attributes : nullptr;
+  config.numAttrs = n;
   LOWBIT_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
   LOWBIT_CUDA_CHECK_LAUNCH();
+}
+
+template <typename... Params, typename... Args>
+void launch_with_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                     Args&&... args) {
+  launch_with_pdl_in_clusters(kernel, 0, grid, block, smem, stream, std::forward<Args>(args)...);
 }
 
 }  // namespace lowbit::cuda

@@ -23,6 +23,7 @@ struct KvAttentionBenchOptions {
   std::vector<int64_t> split_tokens;  // chunk lengths timed besides the chosen one (multiples of 16)
   bool flush_by_reading = false;   // L2 eviction: false writes a buffer (as the SDPA anchors), true reads one
   bool hadamard = true;            // the tq4 cache's rotation: randomized Hadamard (the engine's default) or Haar
+  bool cluster_merge = true;       // DeviceDecodeOptions::cluster_merge (false: the merge kernel always)
   std::string json_path;           // JSON rows, one per line, when not empty
 };
 

@@ -173,6 +173,13 @@ struct DeviceDecodeOptions {
   // (device_append_target): Error(unsupported) with Haar.
   const float* append_k = nullptr;
   const float* append_v = nullptr;
+  // When a row has at most 8 chunks (short rows, or many rows) on an sm_90
+  // device and V is not Haar-rotated, the CTAs of one (row, KV head) run as
+  // a cluster and merge their chunks through distributed shared memory, with
+  // the merge kernel's arithmetic (the same bits): one kernel fewer on a
+  // decode step's critical path. False: always the merge kernel (tests,
+  // benchmarks).
+  bool cluster_merge = true;
 };
 
 // What the decode attention multiplies the rotated queries by (its query
