@@ -22,6 +22,7 @@
 //     multiplied by s once, so each weight is round((q - z) * s): the closest
 //     16-bit value to the reference's exact product.
 #include "lowbit/w4a16/w4a16_gemm.h"
+#include "lowbit/w4a16/w4a16_tune_rule.h"
 
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -949,21 +950,27 @@ W4A16Tuning w4a16_tune(const W4A16Weights& w, int64_t M, W4A16Workspace& workspa
   timer.reps = reps;
   timer.flush_by_reading = true;
   timer.stream = stream;
-  double best_us = 0;
+  std::vector<TimedGemvSplit> gemv_times;
   for (const auto& [name, options] : candidates) {
     const double us = cuda::time_cuda([&](cudaStream_t s) { w4a16_gemm(xv, w, yv, workspace, options, s); }, timer)
                           .median_us;
     tuning.candidates.emplace_back(name, us);
-    if (tuning.candidates.size() == 1 || us < best_us) {
-      best_us = us;
-      tuning.best = options;
-    }
-    if (options.strategy == W4A16Strategy::gemv && (tuning.fastest_gemv_us == 0 || us < tuning.fastest_gemv_us)) {
-      tuning.fastest_gemv_us = us;
-      tuning.fastest_gemv = options;
+    if (options.strategy == W4A16Strategy::gemv) gemv_times.push_back({w4a16_plan(M, w, options).split_k, us});
+  }
+  tuning.best = candidates[0].second;  // auto
+  tuning.best_us = tuning.candidates[0].second;
+  if (!gemv_times.empty()) {
+    // Among the gemv splits, a larger one only when clearly faster
+    // (choose_gemv_split); its time is the best of its runs.
+    const int split = choose_gemv_split(gemv_times, kGemvSplitMargin);
+    tuning.fastest_gemv = W4A16Options{W4A16Strategy::gemv, split};
+    for (const TimedGemvSplit& t : gemv_times)
+      if (t.split == split && (tuning.fastest_gemv_us == 0 || t.us < tuning.fastest_gemv_us)) tuning.fastest_gemv_us = t.us;
+    if (tuning.fastest_gemv_us < tuning.best_us) {
+      tuning.best = tuning.fastest_gemv;
+      tuning.best_us = tuning.fastest_gemv_us;
     }
   }
-  tuning.best_us = best_us;
   LOWBIT_CUDA_CHECK(cudaStreamSynchronize(stream));
   return tuning;
 }

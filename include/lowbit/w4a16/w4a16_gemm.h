@@ -227,8 +227,9 @@ struct W4A16Tuning {
   W4A16Options best;
   std::vector<std::pair<std::string, double>> candidates;
   double best_us = 0;
-  // The fastest gemv candidate (M <= 8; else fastest_gemv_us stays 0): a
-  // caller that fuses neighbouring work into gemv GEMMs may prefer it.
+  // The gemv split chosen by choose_gemv_split and its time (M <= 8; else
+  // fastest_gemv_us stays 0): a caller that fuses neighbouring work into
+  // gemv GEMMs may prefer it.
   W4A16Options fastest_gemv;
   double fastest_gemv_us = 0;
 };
@@ -237,7 +238,9 @@ struct W4A16Tuning {
 // strategy at K splits 1, 2, 4, 8, 12 and 16 and its own choice (M <= 8;
 // larger M gets `auto` untimed), on random activations, L2 evicted by reading
 // between calls (the state a decode step finds: the previous layer's
-// weights), median of `reps` calls each; returns the fastest. No single split
+// weights), median of `reps` calls each; returns the fastest, where among
+// the gemv splits a larger one counts only when it is clearly faster
+// (choose_gemv_split, w4a16_tune_rule.h). No single split
 // rule fits every shape (docs/w4a16-gemm.md, "v7"), so callers that run one
 // shape many times (the CUDA engine, once per distinct layer shape at load)
 // measure instead. Takes a few milliseconds and a 256 MB flush buffer; runs

@@ -1,0 +1,27 @@
+// How w4a16_tune (w4a16_gemm.h) picks among the K splits it timed for the
+// gemv strategy. Plain C++ header, so that the rule is tested on the CPU.
+#pragma once
+
+#include <span>
+
+namespace lowbit {
+
+struct TimedGemvSplit {
+  int split = 1;      // K split over the CTAs of a column block
+  double us = 0.0;    // median time of the GEMM alone
+};
+
+// A larger split is taken only when it beats the split taken so far by more
+// than `margin` (a fraction: 0.03 is 3%); the splits are visited smallest
+// first, whatever their order in `timed`. Why: the tuner times each GEMM
+// alone, where a larger split's extra CTAs and partial sums cost little,
+// while inside a replayed decode step they sit on the critical path
+// (Qwen3-14B's gate/up projection: split 8 timed within 1% of split 4 alone,
+// and its step was 5% slower; docs/engine.md, v12). Returns the chosen
+// split; Error(invalid_argument) for an empty list or a split < 1.
+int choose_gemv_split(std::span<const TimedGemvSplit> timed, double margin);
+
+// The margin w4a16_tune uses.
+inline constexpr double kGemvSplitMargin = 0.03;
+
+}  // namespace lowbit
