@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -346,6 +347,39 @@ TEST(CudaEngine, AttentionInputsFromTheQkvGemmGiveTheSameBits) {
       }
 }
 
+// The fusion tests below: for llama and qwen3 at head dimensions 128 and 64
+// and each K/V format pair, a tiny random w4 model on the device and engine
+// options with a Hadamard cache, 16-token pages and gemv decode GEMMs,
+// handed to check(arch, K format, V format, model, options).
+template <typename Check>
+void for_each_hadamard_case(std::span<const std::pair<kv::KvFormat, kv::KvFormat>> formats, uint64_t seed,
+                            Check&& check) {
+  for (Architecture arch : {Architecture::llama, Architecture::qwen3})
+    for (const int64_t head_dim : {128, 64})
+      for (const auto& [kf, vf] : formats) {
+        SCOPED_TRACE(testing::Message() << architecture_name(arch) << " head_dim " << head_dim << " K/V "
+                                        << kv::kv_format_name(kf) << "/" << kv::kv_format_name(vf));
+        const Model model = make_random_model(tiny_config(arch, head_dim), seed, WeightMode::w4, 0.08f);
+        const DeviceModel device_model = DeviceModel::upload(model, false);
+        CudaEngineOptions options;
+        options.max_tokens = 32;
+        options.page_size = 16;
+        options.k_format = kf;
+        options.v_format = vf;
+        options.rotation = kv::RotationKind::hadamard;
+        options.decode_gemm = W4A16Options{W4A16Strategy::gemv, 0};
+        check(arch, kf, vf, device_model, options);
+      }
+}
+
+// The logits of the prompt and of 20 decode steps (replayed from CUDA graphs
+// after the first; the rows cross a page boundary at 16 tokens) are the same
+// bits in both engines.
+void expect_same_decode_bits(CudaEngine& a, CudaEngine& b) {
+  const std::vector<std::vector<uint16_t>> out[2] = {prompt_and_decode_bits(a, 20), prompt_and_decode_bits(b, 20)};
+  for (size_t step = 0; step < out[0].size(); ++step) EXPECT_EQ(out[0][step], out[1][step]) << "step " << step;
+}
+
 // With a Hadamard cache, single-row steps whose QKV GEMM makes the attention
 // inputs also rotate the queries there (fuse_query_rotation_into_qkv): the
 // logits are the bits of the same engine whose attention rotates them
@@ -357,39 +391,24 @@ TEST(CudaEngine, QueryRotationFromTheQkvGemmGivesTheSameBits) {
   const std::pair<kv::KvFormat, kv::KvFormat> formats[] = {{kv::KvFormat::tq4, kv::KvFormat::tq4},
                                                            {kv::KvFormat::tq3, kv::KvFormat::fp16},
                                                            {kv::KvFormat::fp16, kv::KvFormat::tq4}};
-  for (Architecture arch : {Architecture::llama, Architecture::qwen3})
-    for (const int64_t head_dim : {128, 64})
-      for (const auto& [kf, vf] : formats) {
-        SCOPED_TRACE(testing::Message() << architecture_name(arch) << " head_dim " << head_dim << " K/V "
-                                        << kv::kv_format_name(kf) << "/" << kv::kv_format_name(vf));
-        const Model model = make_random_model(tiny_config(arch, head_dim), 31, WeightMode::w4, 0.08f);
-        const DeviceModel device_model = DeviceModel::upload(model, false);
-        CudaEngineOptions options;
-        options.max_tokens = 32;
-        options.page_size = 16;
-        options.k_format = kf;
-        options.v_format = vf;
-        options.rotation = kv::RotationKind::hadamard;
-        options.decode_gemm = W4A16Options{W4A16Strategy::gemv, 0};
-        options.fuse_norms_into_gemms = arch == Architecture::qwen3;
-        CudaEngine fused(device_model, options);
-        options.fuse_query_rotation_into_qkv = false;
-        CudaEngine separate(device_model, options);
-        const bool quantized_k = kf != kv::KvFormat::fp16;
-        EXPECT_EQ(fused.query_rotation_fused_into_qkv(), quantized_k);
-        EXPECT_FALSE(separate.query_rotation_fused_into_qkv());
-        EXPECT_TRUE(separate.attention_inputs_fused_into_qkv());
-        // 20 decode steps: the rows cross a page boundary at 16 tokens.
-        const std::vector<std::vector<uint16_t>> out[2] = {prompt_and_decode_bits(fused, 20),
-                                                           prompt_and_decode_bits(separate, 20)};
-        for (size_t step = 0; step < out[0].size(); ++step) EXPECT_EQ(out[0][step], out[1][step]) << "step " << step;
-        if (quantized_k) {
-          CudaEngineOptions haar = options;
-          haar.rotation = kv::RotationKind::haar;
-          haar.fuse_query_rotation_into_qkv = true;
-          EXPECT_FALSE(CudaEngine(device_model, haar).query_rotation_fused_into_qkv());
-        }
-      }
+  for_each_hadamard_case(formats, 31, [](Architecture arch, kv::KvFormat kf, kv::KvFormat, const DeviceModel& model,
+                                         CudaEngineOptions options) {
+    options.fuse_norms_into_gemms = arch == Architecture::qwen3;
+    CudaEngine fused(model, options);
+    options.fuse_query_rotation_into_qkv = false;
+    CudaEngine separate(model, options);
+    const bool quantized_k = kf != kv::KvFormat::fp16;
+    EXPECT_EQ(fused.query_rotation_fused_into_qkv(), quantized_k);
+    EXPECT_FALSE(separate.query_rotation_fused_into_qkv());
+    EXPECT_TRUE(separate.attention_inputs_fused_into_qkv());
+    expect_same_decode_bits(fused, separate);
+    if (quantized_k) {
+      CudaEngineOptions haar = options;
+      haar.rotation = kv::RotationKind::haar;
+      haar.fuse_query_rotation_into_qkv = true;
+      EXPECT_FALSE(CudaEngine(model, haar).query_rotation_fused_into_qkv());
+    }
+  });
 }
 
 // Decode steps append the K/V inside the attention kernel
@@ -406,35 +425,21 @@ TEST(CudaEngine, KvAppendInsideTheAttentionGivesTheSameBits) {
                                                            {kv::KvFormat::tq3, kv::KvFormat::fp16},
                                                            {kv::KvFormat::fp16, kv::KvFormat::tq2},
                                                            {kv::KvFormat::fp16, kv::KvFormat::fp16}};
-  for (Architecture arch : {Architecture::llama, Architecture::qwen3})
-    for (const int64_t head_dim : {128, 64})
-      for (const auto& [kf, vf] : formats) {
-        SCOPED_TRACE(testing::Message() << architecture_name(arch) << " head_dim " << head_dim << " K/V "
-                                        << kv::kv_format_name(kf) << "/" << kv::kv_format_name(vf));
-        const Model model = make_random_model(tiny_config(arch, head_dim), 37, WeightMode::w4, 0.08f);
-        const DeviceModel device_model = DeviceModel::upload(model, false);
-        CudaEngineOptions options;
-        options.max_tokens = 32;
-        options.page_size = 16;
-        options.k_format = kf;
-        options.v_format = vf;
-        options.rotation = kv::RotationKind::hadamard;
-        options.decode_gemm = W4A16Options{W4A16Strategy::gemv, 0};
-        options.fuse_query_rotation_into_qkv = arch == Architecture::qwen3;
-        CudaEngine fused(device_model, options);
-        options.fuse_kv_append_into_attention = false;
-        CudaEngine separate(device_model, options);
-        EXPECT_TRUE(fused.kv_append_fused_into_attention());
-        EXPECT_FALSE(separate.kv_append_fused_into_attention());
-        const std::vector<std::vector<uint16_t>> out[2] = {prompt_and_decode_bits(fused, 20),
-                                                           prompt_and_decode_bits(separate, 20)};
-        for (size_t step = 0; step < out[0].size(); ++step) EXPECT_EQ(out[0][step], out[1][step]) << "step " << step;
-        CudaEngineOptions haar = options;
-        haar.rotation = kv::RotationKind::haar;
-        haar.fuse_kv_append_into_attention = true;
-        const bool quantized = kf != kv::KvFormat::fp16 || vf != kv::KvFormat::fp16;
-        EXPECT_EQ(CudaEngine(device_model, haar).kv_append_fused_into_attention(), !quantized);
-      }
+  for_each_hadamard_case(formats, 37, [](Architecture arch, kv::KvFormat kf, kv::KvFormat vf, const DeviceModel& model,
+                                         CudaEngineOptions options) {
+    options.fuse_query_rotation_into_qkv = arch == Architecture::qwen3;
+    CudaEngine fused(model, options);
+    options.fuse_kv_append_into_attention = false;
+    CudaEngine separate(model, options);
+    EXPECT_TRUE(fused.kv_append_fused_into_attention());
+    EXPECT_FALSE(separate.kv_append_fused_into_attention());
+    expect_same_decode_bits(fused, separate);
+    CudaEngineOptions haar = options;
+    haar.rotation = kv::RotationKind::haar;
+    haar.fuse_kv_append_into_attention = true;
+    const bool quantized = kf != kv::KvFormat::fp16 || vf != kv::KvFormat::fp16;
+    EXPECT_EQ(CudaEngine(model, haar).kv_append_fused_into_attention(), !quantized);
+  });
 }
 
 // Decode steps replayed from a CUDA graph give the bits of eager steps: two

@@ -228,6 +228,21 @@ TEST(KvDevice, WriteMatchesHostQuantizer) {
   }
 }
 
+// The queries as DeviceDecodeOptions::queries_rotated takes them: rotated by
+// the host's Rotation::rotate (which the device rotations reproduce bit for
+// bit) and scaled by decode_query_scale.
+std::vector<float> rotated_queries(const PagedKvCache& cache, const KvCacheConfig& c, const std::vector<float>& q) {
+  std::vector<float> q_rot(q.size());
+  const Rotation& rot = cache.rotation(kTestLayer);
+  const float q_scale = decode_query_scale(c, {});
+  const size_t d = static_cast<size_t>(c.head_dim);
+  for (size_t h = 0; h < q.size() / d; ++h) {
+    rot.rotate(std::span<const float>(q.data() + h * d, d), std::span<float>(q_rot.data() + h * d, d));
+    for (size_t i = 0; i < d; ++i) q_rot[h * d + i] *= q_scale;
+  }
+  return q_rot;
+}
+
 // Device decode on a host-written cache vs paged_decode_attention_ref.
 void check_decode(KvFormat kf, KvFormat vf, int page_size, const std::vector<int64_t>& lens, int q_heads, int kv_heads,
                   int64_t split_tokens, DataKind data = DataKind::gaussian, ScaleDType scale = ScaleDType::f16,
@@ -285,15 +300,7 @@ void check_decode(KvFormat kf, KvFormat vf, int page_size, const std::vector<int
   // DeviceDecodeOptions::queries_rotated: the queries rotated and scaled by
   // the caller (here the host's Rotation::rotate, which the Hadamard
   // rotation kernel reproduces bit for bit) give the same output bits.
-  std::vector<float> q_rot(q.size());
-  const Rotation& rot = hb.cache.rotation(kTestLayer);
-  const float q_scale = decode_query_scale(c, {});
-  const size_t d = static_cast<size_t>(head_dim);
-  for (size_t h = 0; h < q.size() / d; ++h) {
-    rot.rotate(std::span<const float>(q.data() + h * d, d), std::span<float>(q_rot.data() + h * d, d));
-    for (size_t i = 0; i < d; ++i) q_rot[h * d + i] *= q_scale;
-  }
-  const Buffer qrd = to_device(q_rot);
+  const Buffer qrd = to_device(rotated_queries(hb.cache, c, q));
   Buffer out_pre = poisoned_output(q.size());
   o.out_f16 = nullptr;
   o.queries_rotated = true;
@@ -382,15 +389,7 @@ void check_decode_append(KvFormat kf, KvFormat vf, int head_dim, int q_heads, in
   EXPECT_TRUE(close_to_reference(want, ref));
   // The attention appending, with the queries as given and, for quantized K,
   // rotated and scaled by the caller.
-  std::vector<float> q_rot(q.size());
-  const Rotation& rot = hb.cache.rotation(kTestLayer);
-  const float q_scale = decode_query_scale(c, {});
-  const size_t d = static_cast<size_t>(head_dim);
-  for (size_t h = 0; h < q.size() / d; ++h) {
-    rot.rotate(std::span<const float>(q.data() + h * d, d), std::span<float>(q_rot.data() + h * d, d));
-    for (size_t i = 0; i < d; ++i) q_rot[h * d + i] *= q_scale;
-  }
-  const Buffer qrd = to_device(q_rot);
+  const Buffer qrd = to_device(rotated_queries(hb.cache, c, q));
   for (const bool rotated : {false, true}) {
     if (rotated && kf == KvFormat::fp16) continue;
     SCOPED_TRACE(rotated ? "queries rotated by the caller" : "queries as given");
