@@ -104,7 +104,8 @@ struct CudaEngineOptions {
   // (`lowbit bench model` turns it on; its output lists the choices).
   bool tune_decode_gemms = false;
   // Decode steps of step() (one new token per row, last-token logits) from a
-  // CUDA graph: a decode step launches 9-13 kernels per layer, and launched
+  // CUDA graph: a decode step launches 5-12 kernels per layer (5 with every
+  // fusion of a tuned single-row step), and launched
   // one by one from the host they cost more than they run on a small model
   // (SmolLM2-135M: ~2 ms of launches per step). The attention of a decode
   // step is planned for its longest row rounded up to decode_plan_tokens,
