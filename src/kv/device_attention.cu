@@ -132,10 +132,12 @@ struct AttnArgs {
   __half* out16;
   const float* v_signs;
   // DeviceDecodeOptions::append_k / append_v (null: the newest tokens are
-  // in the cache already) and where they go.
+  // in the cache already), where they go, and the shared memory where the
+  // two appending warps keep their indices (D bytes each).
   const float* append_k;
   const float* append_v;
   KvAppendTarget append;
+  int append_scratch_offset;
 };
 
 __device__ __forceinline__ void row_of(const AttnArgs& a, int r, int& table_row, int64_t& len) {
@@ -598,50 +600,69 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32, Til
   float lane_signs[D / 32];
   if constexpr (kRotates)
     if (a.q_signs != nullptr) load_lane_signs<D>(a.q_signs, lane_signs);  // constant: before any wait
-  if (a.queries_rotated && !(a.newest_token_fresh && t1 == len)) {
-    // The rotation kernel before this one waited for the kernel that wrote
-    // the K/V pages: they are complete, so their loads go out first and the
-    // tables and the query fragments below overlap with them. (When the
-    // kernel before this one made the queries and appended the newest token
-    // itself, every chunk but the row's last is complete too.)
+  // The first tiles of the ring are requested before the wait for the
+  // previous kernel when the pages they read are complete already:
+  //  - the queries come rotated (from the rotation kernel, which waited for
+  //    the kernel that wrote the K/V; or from the caller, who may have
+  //    appended each row's newest token just before: then every chunk but
+  //    the row's last);
+  //  - or this call appends the newest tokens itself (append_k): every page
+  //    is complete but for the newest token's slot, which its CTA overwrites
+  //    in the ring below.
+  // Otherwise (fp16 K: no rotation kernel, and the previous kernel may be the
+  // append) nothing of the cache is read before the wait.
+  const bool appends_newest = a.append_k != nullptr && t1 == len;
+  const bool issue_early = a.append_k != nullptr || (a.queries_rotated && !(a.newest_token_fresh && t1 == len));
+  // With append_k, the CTA holding the row's newest token stores it: warp 0
+  // its K, warp 1 its V, with the append kernel's bytes. What that needs
+  // besides the vector (codebook, signs, the row's page) is loaded before
+  // the wait; the vector, made by the kernel before this one, after it.
+  KvAppendPlan plan{};
+  if (appends_newest && warp < 2) {
+    plan = append_plan_begin<D>(a.append, warp, r, h);
+    append_plan_slot(a.append, plan);
+  }
+  if (issue_early) {
 #pragma unroll
     for (int i = 0; i < S - 1; ++i) {
       if (i < n_my) issue();
       cp_async_commit();
     }
-    if (quantized(KF)) fill_lut<kRowWords>(lut_fill, KF, a.k_centroids);
-    if (quantized(VF) && VF != KF) fill_lut<kRowWords>(lut_fill + lut_entries(KF) * kRowWords, VF, a.v_centroids);
-    cuda::pdl_wait();  // the rotated queries
-  } else {
-    // fp16 K: no rotation kernel, the queries are scaled here, and the
-    // previous kernel may be the one appending the token this call attends
-    // to (also the case for the last chunk above): nothing of the cache is
-    // read before the wait.
-    // With append_k, this CTA holds the row's newest token and stores it
-    // first: warp 0 its K, warp 1 its V, with the append kernel's bytes.
-    // What that needs besides the vector (codebook, signs, the row's page)
-    // is loaded before the wait; the vector, made by the kernel before this
-    // one, after it.
-    const bool appends = a.append_k != nullptr && t1 == len && warp < 2;
-    KvAppendPlan plan{};
-    if (appends) {
-      plan = append_plan_begin<D>(a.append, warp, r, h);
-      append_plan_slot(a.append, plan);
-    }
-    if (quantized(KF)) fill_lut<kRowWords>(lut_fill, KF, a.k_centroids);
-    if (quantized(VF) && VF != KF) fill_lut<kRowWords>(lut_fill + lut_entries(KF) * kRowWords, VF, a.v_centroids);
-    cuda::pdl_wait();
-    if (a.append_k != nullptr && t1 == len) {
-      if (appends) {
-        const float* src = (warp == 0 ? a.append_k : a.append_v) + (static_cast<int64_t>(r) * a.num_kv_heads + h) * D;
-        float x[D / 32];
+  }
+  if (quantized(KF)) fill_lut<kRowWords>(lut_fill, KF, a.k_centroids);
+  if (quantized(VF) && VF != KF) fill_lut<kRowWords>(lut_fill + lut_entries(KF) * kRowWords, VF, a.v_centroids);
+  cuda::pdl_wait();
+  if (appends_newest) {
+    float x[D / 32];
+    float scale = 0.0f;
+    uint8_t* scratch = smem + a.append_scratch_offset + warp * D;
+    if (warp < 2) {
+      const float* src = (warp == 0 ? a.append_k : a.append_v) + (static_cast<int64_t>(r) * a.num_kv_heads + h) * D;
 #pragma unroll
-        for (int u = 0; u < D / 32; ++u) x[u] = src[lane + 32 * u];
-        append_vector_warp<D>(a.append, plan, x, my_stages);  // the ring is empty yet: its first bytes are scratch
-      }
-      // The newest token's bytes are stored before any warp copies its tile.
-      __syncthreads();
+      for (int u = 0; u < D / 32; ++u) x[u] = src[lane + 32 * u];
+      append_vector_warp<D>(a.append, plan, x, scratch, &scale);
     }
+    // The newest token's tile may be in the ring already, requested before
+    // the wait with the slot's old bytes: once every warp's first tiles have
+    // landed, the warp that quantized the token writes it into that stage
+    // too. (A tile requested later reads the cache after the barrier.) The
+    // DRAM round trip of this CTA's first tiles then overlaps the wait and
+    // the quantization, instead of following them.
+    cp_async_wait<0>();
+    __syncthreads();
+    if (warp < 2) {
+      const int newest = static_cast<int>(len - 1), rel = newest / kTile - tile_begin;
+      const int owner = rel % kWarps, i = rel / kWarps, slot = newest % kTile;
+      if (i < S - 1) {
+        uint8_t* st = stages + (owner * S + i) * L::kStageBytes;
+        const bool key = warp == 0;
+        store_vector_warp<D>(a.append, plan, x, scratch, scale, st + (key ? slot * KR : kTile * KR + slot * VR),
+                             reinterpret_cast<std::byte*>(st + (key ? L::kKScaleOffset : L::kVScaleOffset) + slot * sb));
+      }
+    }
+    __syncthreads();
+  }
+  if (!issue_early) {
 #pragma unroll
     for (int i = 0; i < S - 1; ++i) {
       if (i < n_my) issue();
@@ -992,6 +1013,10 @@ void launch_attend(const AttnArgs& a, dim3 grid, cudaStream_t stream) {
   if (a.q_signs != nullptr) {  // the rotated queries of the group after everything else
     args.q_stage_offset = smem;
     smem += 4 * kDeviceMaxGroup * D;
+  }
+  if (a.append_k != nullptr) {  // the appending warps' indices (append_warp.cuh) after those
+    args.append_scratch_offset = smem;
+    smem += 2 * D;
   }
   static int configured = 0;
   if (configured < smem) {

@@ -79,23 +79,17 @@ __device__ __forceinline__ void append_plan_slot(const KvAppendTarget& t, KvAppe
   p.page = __ldg(t.tables + p.row * t.table_stride + pos / t.page_size);
 }
 
-// Quantizes x (this warp's D coordinates of the planned vector) and stores
-// it. `scratch`: D bytes of shared memory for this warp.
+// Quantizes x (this warp's D coordinates of the planned vector): the
+// indices into `scratch` (D bytes of shared memory for this warp), and
+// returns the scale to store (the same in every lane). An fp16 part needs
+// neither: it returns 0.
 template <int D>
-__device__ __forceinline__ void append_vector_warp(const KvAppendTarget& t, const KvAppendPlan& p,
-                                                   const float (&x)[D / 32], uint8_t* scratch) {
+__device__ __forceinline__ float quantize_vector_warp(const KvAppendTarget& t, const KvAppendPlan& p,
+                                                      const float (&x)[D / 32], uint8_t* scratch) {
   constexpr int kPer = D / 32;
   const int lane = threadIdx.x % 32;
   const KvAppendPart& f = t.part[p.part];
-  const int64_t pos = p.length - 1;
-  const int slot = static_cast<int>(pos % t.page_size);
-  auto slab = [&] { return t.pool + (static_cast<int64_t>(p.page) * t.num_kv_heads + p.kv_head) * t.slab_bytes; };
-  if (f.bits == 16) {
-    __half* dst = reinterpret_cast<__half*>(slab() + f.rows_offset + static_cast<int64_t>(slot) * f.row_bytes);
-#pragma unroll
-    for (int u = 0; u < kPer; ++u) dst[lane + 32 * u] = __float2half_rn(x[u]);
-    return;
-  }
+  if (f.bits == 16) return 0.0f;
   double sq[kPer];
 #pragma unroll
   for (int u = 0; u < kPer; ++u) sq[u] = static_cast<double>(x[u]) * x[u];
@@ -116,31 +110,61 @@ __device__ __forceinline__ void append_vector_warp(const KvAppendTarget& t, cons
     c2[u] = c * c;
   }
   const double cn2 = sum_double_over_lanes<D>(c2);
-  std::byte* s = slab();
-  if (lane == 0) {
-    float value = gamma;
-    if (t.renormalize && gamma > 0.0f) value = static_cast<float>(gamma_exact / sqrt(cn2));
-    std::byte* scale = s + f.scales_offset + static_cast<int64_t>(slot) * f.scale_bytes;
-    if (t.scale_f32) *reinterpret_cast<float*>(scale) = value;
-    else *reinterpret_cast<__half*>(scale) = __float2half_rn(value);
-  }
 #pragma unroll
   for (int u = 0; u < kPer; ++u) scratch[lane + 32 * u] = static_cast<uint8_t>(idx[u]);
   __syncwarp();
-  uint8_t* out = reinterpret_cast<uint8_t*>(s + f.rows_offset + static_cast<int64_t>(slot) * f.row_bytes);
+  return t.renormalize && gamma > 0.0f ? static_cast<float>(gamma_exact / sqrt(cn2)) : gamma;
+}
+
+// Stores what quantize_vector_warp made (or x itself, for an fp16 part) as
+// the cache lays out a slot: the row's bytes at `row`, the scale at `scale`
+// (quantized parts). Global or shared memory alike.
+template <int D>
+__device__ __forceinline__ void store_vector_warp(const KvAppendTarget& t, const KvAppendPlan& p,
+                                                  const float (&x)[D / 32], const uint8_t* scratch, float scale_value,
+                                                  uint8_t* row, std::byte* scale) {
+  constexpr int kPer = D / 32;
+  const int lane = threadIdx.x % 32;
+  const KvAppendPart& f = t.part[p.part];
+  if (f.bits == 16) {
+    __half* dst = reinterpret_cast<__half*>(row);
+#pragma unroll
+    for (int u = 0; u < kPer; ++u) dst[lane + 32 * u] = __float2half_rn(x[u]);
+    return;
+  }
+  if (lane == 0) {
+    if (t.scale_f32) *reinterpret_cast<float*>(scale) = scale_value;
+    else *reinterpret_cast<__half*>(scale) = __float2half_rn(scale_value);
+  }
   if (f.bits == 4) {
-    for (int j = lane; j < D / 2; j += 32) out[j] = static_cast<uint8_t>(scratch[2 * j] | (scratch[2 * j + 1] << 4));
+    for (int j = lane; j < D / 2; j += 32) row[j] = static_cast<uint8_t>(scratch[2 * j] | (scratch[2 * j + 1] << 4));
   } else {
     // The 2-bit plane (the whole index for tq2, the low bits for tq3), then tq3's high bits.
     for (int j = lane; j < D / 4; j += 32)
-      out[j] = static_cast<uint8_t>((scratch[4 * j] & 3) | ((scratch[4 * j + 1] & 3) << 2) |
+      row[j] = static_cast<uint8_t>((scratch[4 * j] & 3) | ((scratch[4 * j + 1] & 3) << 2) |
                                     ((scratch[4 * j + 2] & 3) << 4) | ((scratch[4 * j + 3] & 3) << 6));
     if (f.bits == 3 && lane < D / 8) {
       uint8_t hb = 0;
       for (int k = 0; k < 8; ++k) hb = static_cast<uint8_t>(hb | (((scratch[8 * lane + k] >> 2) & 1) << k));
-      out[D / 4 + lane] = hb;
+      row[D / 4 + lane] = hb;
     }
   }
+}
+
+// Quantizes x (this warp's D coordinates of the planned vector) and stores
+// it into its cache slot. `scratch`: D bytes of shared memory for this
+// warp, holding the indices afterwards.
+template <int D>
+__device__ __forceinline__ void append_vector_warp(const KvAppendTarget& t, const KvAppendPlan& p,
+                                                   const float (&x)[D / 32], uint8_t* scratch, float* scale_out = nullptr) {
+  const KvAppendPart& f = t.part[p.part];
+  const int slot = static_cast<int>((p.length - 1) % t.page_size);
+  std::byte* slab = t.pool + (static_cast<int64_t>(p.page) * t.num_kv_heads + p.kv_head) * t.slab_bytes;
+  const float scale = quantize_vector_warp<D>(t, p, x, scratch);
+  if (scale_out != nullptr) *scale_out = scale;
+  store_vector_warp<D>(t, p, x, scratch, scale,
+                       reinterpret_cast<uint8_t*>(slab + f.rows_offset + static_cast<int64_t>(slot) * f.row_bytes),
+                       slab + f.scales_offset + static_cast<int64_t>(slot) * f.scale_bytes);
   __syncwarp();  // scratch may be reused by the caller
 }
 
