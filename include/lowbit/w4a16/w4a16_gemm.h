@@ -238,7 +238,10 @@ struct W4A16Tuning {
 // strategy at K splits 1, 2, 4, 8, 12 and 16 and its own choice (M <= 8;
 // larger M gets `auto` untimed), on random activations, L2 evicted by reading
 // between calls (the state a decode step finds: the previous layer's
-// weights), median of `reps` calls each; returns the fastest, where among
+// weights), median of `reps` calls each (30 by default: with 10, the medians
+// of one kernel moved by up to 8% from one engine to the next, e.g. 15.0 to
+// 16.3 us, enough to swap two splits that differ by 2% in a decode step);
+// returns the fastest, where among
 // the gemv splits a larger one counts only when it is clearly faster
 // (choose_gemv_split, w4a16_tune_rule.h). No single split
 // rule fits every shape (docs/w4a16-gemm.md, "v7"), so callers that run one
@@ -246,6 +249,6 @@ struct W4A16Tuning {
 // measure instead. Takes a few milliseconds and a 256 MB flush buffer; runs
 // on `stream` and synchronizes it.
 W4A16Tuning w4a16_tune(const W4A16Weights& w, int64_t M, W4A16Workspace& workspace, cudaStream_t stream = nullptr,
-                       int reps = 10);
+                       int reps = 30);
 
 }  // namespace lowbit
