@@ -346,16 +346,20 @@ TEST(KvDevice, DecodeHadamardRotation) {
 // attention: the same pool bytes and the same output bits, for every format
 // pair at both head dimensions and both CTA layouts, with the newest token
 // at the first, last and a middle slot of a page (lengths 17, 16, 300 at 16
-// tokens per page) and in a one-token row; also with the queries rotated by
-// the caller (the engine's decode step). Both caches first hold other
+// tokens per page) and in a one-token row, f16 and f32 scales; also with the
+// queries rotated by the caller (the engine's decode step). The newest
+// token's tile is in the ring before the attention stores the token, so
+// its warp also writes the token there. Both caches first hold other
 // vectors in the newest slots, so a token the attention failed to store
 // shows. A Haar cache with quantized parts is refused: the warp applies only
 // the Hadamard rotation.
-void check_decode_append(KvFormat kf, KvFormat vf, int head_dim, int q_heads, int kv_heads, int cta_warps) {
-  SCOPED_TRACE(name(kf, vf) + " d=" + std::to_string(head_dim) + " cta_warps=" + std::to_string(cta_warps));
+void check_decode_append(KvFormat kf, KvFormat vf, int head_dim, int q_heads, int kv_heads, int cta_warps,
+                         ScaleDType scale = ScaleDType::f16) {
+  SCOPED_TRACE(name(kf, vf) + " d=" + std::to_string(head_dim) + " cta_warps=" + std::to_string(cta_warps) + " " +
+               scale_dtype_name(scale));
   const std::vector<int64_t> lens = {1, 15, 16, 17, 300};
   const KvCacheConfig c =
-      make_config(kf, vf, 16, pages_for(lens, 16), kv_heads, ScaleDType::f16, RotationKind::hadamard, head_dim);
+      make_config(kf, vf, 16, pages_for(lens, 16), kv_heads, scale, RotationKind::hadamard, head_dim);
   HostBatch hb(c, lens, DataKind::outliers, 41);
   const DeviceBlockTables tables = DeviceBlockTables::from_cache(hb.cache, hb.seqs);
   const int batch = static_cast<int>(lens.size());
@@ -422,6 +426,7 @@ TEST(KvDevice, DecodeAppendsTheNewestTokenAsTheAppendKernel) {
       check_decode_append(kf, vf, 128, 40, 8, 0);
       if (packed) check_decode_append(kf, vf, 128, 40, 8, 16);
       check_decode_append(kf, vf, 64, 9, 3, 0);
+      check_decode_append(kf, vf, 128, 40, 8, 0, ScaleDType::f32);  // 4-byte scales in the ring stage
     }
   // Haar rotations: the append kernel's job (a 64 KB matrix per layer).
   const std::vector<int64_t> lens = {20};
