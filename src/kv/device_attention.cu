@@ -1,6 +1,7 @@
 // Decode (and, through the same kernel, causal prefill) attention directly on
-// the paged TurboQuant cache. Three kernels per call (two when K is fp16),
-// chained with programmatic dependent launch:
+// the paged TurboQuant cache. Up to three kernels per call, chained with
+// programmatic dependent launch (with a Hadamard rotation and rows of at
+// most 8 chunks on sm_90, the second alone):
 //  1. rotate_queries (quantized K only): q' = q @ M once per query head
 //     (never a key un-rotation), times softmax_scale * log2(e) so the softmax
 //     runs on exp2; for fp16 K the attention kernel applies that scale. With
