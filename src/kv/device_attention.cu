@@ -799,27 +799,48 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32, Til
     base[(2 * c + 1) * D + (D / 8) * g + 2 * mt + 1] = o[mt][3];
   }
   __syncthreads();
-  for (int t = threadIdx.x; t < a.group * D; t += kThreads) {
-    const int head = t / D, j = t % D;
+  // Per head (one thread each): the maximum of the warps' running maxima,
+  // each warp's weight exp2(m_w - M) in place of m_w (-1 for a warp without
+  // tiles), the total in place of warp 0's l, and the chunk's log-sum-exp.
+  // Every output element then needs only its warps' weighted sum: computed
+  // per element, the maximum and the weights were ~2 us of a batch-1 step's
+  // attention (per-CTA timer stamps), for 8 values per head. Same
+  // arithmetic, same order: the same bits.
+  const int64_t row_head0 = static_cast<int64_t>(r) * a.num_q_heads + h * a.group;
+  if (threadIdx.x < a.group) {
+    const int head = threadIdx.x;
     float M = -INFINITY;
     for (int w2 = 0; w2 < kWarps; ++w2) M = fmaxf(M, mm[w2 * 8 + head]);
-    float total = 0.0f, acc = 0.0f;
+    float total = 0.0f;
     for (int w2 = 0; w2 < kWarps; ++w2) {
       const float mw = mm[w2 * 8 + head];
-      if (mw == -INFINITY) continue;  // a warp without tiles
+      if (mw == -INFINITY) {  // a warp without tiles
+        mm[w2 * 8 + head] = -1.0f;
+        continue;
+      }
       const float f = exp2f(mw - M);
       total += f * ml[w2 * 8 + head];
+      mm[w2 * 8 + head] = f;
+    }
+    ml[head] = total;
+    const float lse = M + log2f(total);
+    if (a.cluster_merge)
+      reinterpret_cast<float*>(stages + a.cluster_result_offset)[kDeviceMaxGroup * D + head] = lse;
+    else
+      a.part_lse[(row_head0 + head) * a.max_splits + split] = lse;
+  }
+  __syncthreads();
+  for (int t = threadIdx.x; t < a.group * D; t += kThreads) {
+    const int head = t / D, j = t % D;
+    float acc = 0.0f;
+    for (int w2 = 0; w2 < kWarps; ++w2) {
+      const float f = mm[w2 * 8 + head];
+      if (f < 0.0f) continue;  // a warp without tiles
       acc += f * mo[(w2 * 8 + head) * D + j];
     }
-    if (a.cluster_merge) {
-      float* results = reinterpret_cast<float*>(stages + a.cluster_result_offset);
-      results[head * D + j] = acc / total;
-      if (j == 0) results[kDeviceMaxGroup * D + head] = M + log2f(total);
-      continue;
-    }
-    const int64_t out_row = (static_cast<int64_t>(r) * a.num_q_heads + h * a.group + head) * a.max_splits + split;
-    a.part_out[out_row * D + j] = acc / total;
-    if (j == 0) a.part_lse[out_row] = M + log2f(total);
+    const float out = acc / ml[head];
+    if (a.cluster_merge) reinterpret_cast<float*>(stages + a.cluster_result_offset)[head * D + j] = out;
+    else a.part_out[((row_head0 + head) * a.max_splits + split) * D + j] = out;
   }
   if (a.cluster_merge)
     merge_in_cluster<D>(a, r, h, len, reinterpret_cast<float*>(stages + a.cluster_result_offset), kWarps);

@@ -142,6 +142,20 @@ __device__ __forceinline__ uint4 rms_normalized(uint4 x, uint4 w, float inv_rms)
   return out;
 }
 
+// The split-K count. Thread 0's add is a release (after the barrier that
+// follows every thread's partial stores, it publishes them device-wide) and
+// an acquire (with the barrier after it, the last CTA's loads of the other
+// partials come after every CTA's stores), as CUTLASS's split-K semaphore
+// does. It replaces a __threadfence by every thread before the count and
+// another after it in the last CTA: fences on the critical path of every
+// K-split call (the count and the last CTA's sum took ~2.5-3.5 us of a
+// decode step's GEMM, measured with per-CTA timer stamps).
+__device__ __forceinline__ int atomic_add_acq_rel_gpu(int* p, int v) {
+  int old;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
+
 // What the end of the kernel needs to write y (or its split-K partials).
 struct OutputArgs {
   void* y;
@@ -199,13 +213,11 @@ __device__ __forceinline__ void fused_epilogue(const OutputArgs& a, const float 
   // function instead changed its k-loop (149 SASS instructions, not 139).
   float* mine = a.partial + (static_cast<int64_t>(a.split) * kGemvRowsPerPass) * a.N_pad;
   for_each_output([&](int row, int col, float v) { __stcg(mine + static_cast<int64_t>(row) * a.N_pad + col, v); });
-  __threadfence();
   __syncthreads();
   int* counter = a.counters + blockIdx.x;
-  if (tid == 0) last_cta = atomicAdd(counter, 1) == a.split_k - 1;
+  if (tid == 0) last_cta = atomic_add_acq_rel_gpu(counter, 1) == a.split_k - 1;
   __syncthreads();
   if (!last_cta) return;
-  __threadfence();
   const int chunk = max(1, (a.smem_bytes / 4 - kEpilogueFloats) / a.split_k);
   for (int e0 = 0; e0 < elements; e0 += chunk) {
     const int n = min(chunk, elements - e0), total = n * a.split_k;
@@ -284,28 +296,35 @@ __device__ __noinline__ void write_residual_outputs(const OutputArgs a, float* r
       });
 }
 
-__device__ __forceinline__ void prefetch_l1(const void* p) {
-  asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p));
-}
-
-// The 128-byte lines finish_head reads besides the head itself (position,
-// RoPE frequencies, norm weights, Hadamard signs), one per lane. The
-// epilogue is one warp per head on the step's critical path: these loads
-// are issued by every CTA before the split-K count, so the finishing one
-// finds them in L1.
-__device__ __forceinline__ void prefetch_head_constants(const AttentionInputsArgs& ai, int64_t token, int head) {
+// What finish_head reads besides the head itself, per lane: the norm
+// weights of elements lane, lane + 32, ..., the RoPE frequencies of pairs
+// lane, lane + 32, the position, and the query rotation's signs. The
+// epilogue is one warp per head on the step's critical path, after the
+// split-K count: loaded there, these were dependent global round trips
+// (~3 us of the ~4 us a Qwen3-14B layer's epilogue took, measured with
+// per-CTA timer stamps). So every CTA loads them into registers before its
+// split-K count (`early`), where their latency hides behind the partial
+// stores and the count, and finish_head only computes.
+struct HeadConstants {
+  float norm_w[4], inv_freq[2], signs[4], pos;
+};
+template <typename T, int D>
+__device__ __forceinline__ void load_head_constants(const AttentionInputsArgs& ai, int64_t token, int head,
+                                                    HeadConstants& c) {
   const int lane = threadIdx.x % 32, hd = ai.head_dim;
   const bool is_q = head < ai.heads, is_v = head >= ai.heads + ai.kv_heads;
   if (is_v) return;
-  const void* norm = is_q ? ai.q_norm : ai.k_norm;
-  const float* signs = is_q ? ai.q_signs : nullptr;
-  const void* line = nullptr;
-  if (lane == 0) line = ai.positions + token;
-  else if (lane >= 1 && lane <= 2 && 32 * (lane - 1) < hd / 2) line = ai.inv_freq + 32 * (lane - 1);
-  else if (lane >= 3 && lane <= 4 && norm != nullptr && 64 * (lane - 3) < hd)
-    line = static_cast<const uint16_t*>(norm) + 64 * (lane - 3);  // 16-bit weights
-  else if (lane >= 5 && lane <= 8 && signs != nullptr && 32 * (lane - 5) < hd) line = signs + 32 * (lane - 5);
-  if (line != nullptr) prefetch_l1(line);
+  const T* w = static_cast<const T*>(is_q ? ai.q_norm : ai.k_norm);
+  if (w != nullptr) {
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+      if (lane + 32 * u < hd) c.norm_w[u] = scalar_to_float(w[lane + 32 * u]);
+  }
+#pragma unroll
+  for (int u = 0; u < 2; ++u)
+    if (lane + 32 * u < hd / 2) c.inv_freq[u] = ai.inv_freq[lane + 32 * u];
+  c.pos = static_cast<float>(ai.positions[token]);
+  if (is_q && ai.q_signs != nullptr) kv::load_lane_signs<D>(ai.q_signs, c.signs);
 }
 
 // One head of the epilogue, past the GEMM's sum: the per-head norm and
@@ -317,28 +336,30 @@ __device__ __forceinline__ void prefetch_head_constants(const AttentionInputsArg
 // W4A16Options validation requires for it); the norm, RoPE and stores take
 // any even head_dim that divides 128.
 template <typename T, int D>
-__device__ __noinline__ void finish_head(const AttentionInputsArgs& ai, float* v, int64_t token, int head) {
+__device__ __noinline__ void finish_head(const AttentionInputsArgs& ai, const HeadConstants& hc, float* v,
+                                        int64_t token, int head) {
   const int hd = ai.head_dim, half = hd / 2;
   const int lane = threadIdx.x % 32;
   const bool is_q = head < ai.heads, is_v = head >= ai.heads + ai.kv_heads;
   const bool rotate = is_q && ai.q_signs != nullptr;
-  float q_signs[D / 32];
-  if (rotate) kv::load_lane_signs<D>(ai.q_signs, q_signs);  // before the norm, which hides their latency
   auto round_to_t = [](float x) { return scalar_to_float(from_float<T>(x)); };
   if (!is_v) {
-    const T* w = static_cast<const T*>(is_q ? ai.q_norm : ai.k_norm);
-    if (w != nullptr) {
+    if ((is_q ? ai.q_norm : ai.k_norm) != nullptr) {
       float sum_sq = 0.0f;
       for (int i = lane; i < hd; i += 32) sum_sq = ops::sum_sq_step(sum_sq, v[i]);
       for (int o = 16; o > 0; o >>= 1) sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, o);
       const float inv_rms = ops::head_inv_rms(sum_sq, hd, ai.eps);
-      for (int i = lane; i < hd; i += 32) v[i] = round_to_t(ops::norm_scale(v[i], inv_rms, scalar_to_float(w[i])));
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+        if (lane + 32 * u < hd) v[lane + 32 * u] = round_to_t(ops::norm_scale(v[lane + 32 * u], inv_rms, hc.norm_w[u]));
     }
     __syncwarp();
-    const float pos = static_cast<float>(ai.positions[token]);
-    for (int i = lane; i < half; i += 32) {
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int i = lane + 32 * u;
+      if (i >= half) break;
       float c, s;
-      ops::rope_cos_sin(pos, ai.inv_freq[i], &c, &s);
+      ops::rope_cos_sin(hc.pos, hc.inv_freq[u], &c, &s);
       const int p0 = ai.interleaved ? 2 * i : i, p1 = ai.interleaved ? 2 * i + 1 : i + half;
       float y0, y1;
       ops::rope_rotate(v[p0], v[p1], c, s, &y0, &y1);
@@ -351,7 +372,7 @@ __device__ __noinline__ void finish_head(const AttentionInputsArgs& ai, float* v
     float x[D / 32];
 #pragma unroll
     for (int u = 0; u < D / 32; ++u) x[u] = v[lane + 32 * u];
-    kv::hadamard_rotate_warp<D>(x, q_signs, ai.q_scale);
+    kv::hadamard_rotate_warp<D>(x, hc.signs, ai.q_scale);
     float* out = ai.q_out + (token * ai.heads + head) * hd;
 #pragma unroll
     for (int u = 0; u < D / 32; ++u) out[lane + 32 * u] = x[u];
@@ -381,13 +402,20 @@ __device__ __noinline__ void write_attention_inputs(const OutputArgs a, const At
   const AttentionInputsArgs& ai = *attention;
   const int hd = ai.head_dim;
   const int block_heads = min(kCols, a.N - block_col) / hd;
+  HeadConstants first;  // of the warp's first task, then of its current one
+  auto load_task = [&](int task, HeadConstants& c) {
+    const int row = task / block_heads, head = (block_col + (task % block_heads) * hd) / hd;
+    if (hd == 64) load_head_constants<T, 64>(ai, a.m0 + row, head, c);
+    else load_head_constants<T, 128>(ai, a.m0 + row, head, c);
+  };
+  auto load_first = [&] { load_task(warp, first); };
   fused_epilogue(
       a, acc,
-      // Every CTA, before the split-K count: the constants its warps' first
-      // heads will read, prefetched into L1 (prefetch_head_constants).
+      // Every CTA, before the split-K count: the constants of its warps'
+      // first heads (HeadConstants).
       [&] {
         if (warp >= a.rows * block_heads) return;
-        prefetch_head_constants(ai, a.m0 + warp / block_heads, (block_col + (warp % block_heads) * hd) / hd);
+        load_first();
       },
       [&](int row, int c, float v, bool) { values[row * kCols + c] = scalar_to_float(from_float<T>(v)); },
       [&] {
@@ -396,8 +424,9 @@ __device__ __noinline__ void write_attention_inputs(const OutputArgs a, const At
           const int row = task / block_heads, j = task % block_heads;
           const int head = (block_col + j * hd) / hd;
           float* v = values + row * kCols + j * hd;
-          if (hd == 64) finish_head<T, 64>(ai, v, a.m0 + row, head);
-          else finish_head<T, 128>(ai, v, a.m0 + row, head);
+          if (task != warp || a.split_k == 1) load_task(task, first);  // early() ran only at a K split
+          if (hd == 64) finish_head<T, 64>(ai, first, v, a.m0 + row, head);
+          else finish_head<T, 128>(ai, first, v, a.m0 + row, head);
         }
       });
 }
@@ -695,13 +724,11 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
   // of loads, as many in flight as the CTA has threads) and sums in order.
   float* mine = args.partial + (static_cast<int64_t>(split) * kGemvRowsPerPass) * args.N_pad;
   for_each_output([&](int row, int col, float v) { __stcg(mine + static_cast<int64_t>(row) * args.N_pad + col, v); });
-  __threadfence();  // this thread's partials are visible device-wide before the count
-  __syncthreads();
+  __syncthreads();  // every thread's partials are stored before thread 0's release
   int* counter = args.counters + blockIdx.x;
-  if (tid == 0) last_cta = atomicAdd(counter, 1) == args.split_k - 1;
+  if (tid == 0) last_cta = atomic_add_acq_rel_gpu(counter, 1) == args.split_k - 1;
   __syncthreads();
   if (!last_cta) return;
-  __threadfence();
   const int chunk = max(1, (layout.bytes() / 4) / args.split_k);  // elements per round that fit in shared memory
   for (int e0 = 0; e0 < elements; e0 += chunk) {
     const int n = min(chunk, elements - e0), total = n * args.split_k;
