@@ -803,8 +803,8 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32, Til
   // each warp's weight exp2(m_w - M) in place of m_w (-1 for a warp without
   // tiles), the total in place of warp 0's l, and the chunk's log-sum-exp.
   // Every output element then needs only its warps' weighted sum: computed
-  // per element, the maximum and the weights were ~2 us of a batch-1 step's
-  // attention (per-CTA timer stamps), for 8 values per head. Same
+  // per element, the maximum and the weights made this merge 1.4-1.9 us of
+  // a batch-1 step's attention (per-CTA timer stamps). Same
   // arithmetic, same order: the same bits.
   const int64_t row_head0 = static_cast<int64_t>(r) * a.num_q_heads + h * a.group;
   if (threadIdx.x < a.group) {
