@@ -129,6 +129,15 @@ void run_w4a16_gemm_benchmark(const W4A16BenchOptions& options) {
         o.rows_per_tile = rows;
         configs.emplace_back("lowbit_wgmma_r" + std::to_string(rows), o);
       }
+      for (int tail : options.wgmma_tail_splits) {
+        if (!wgmma) continue;
+        W4A16Options o{W4A16Strategy::wgmma, 0};
+        o.tail_split = tail;
+        W4A16Options probe = o;
+        probe.tail_split = 2;  // a forced split has a tail wherever the grid leaves tiles over
+        if (w4a16_plan(M, w, probe).tail_tiles == 0) continue;
+        configs.emplace_back("lowbit_wgmma_t" + std::to_string(tail), o);
+      }
       for (const auto& [impl, config] : configs) {
         const W4A16Options options = config;
         const W4A16Plan plan = w4a16_plan(M, w, options);
@@ -138,15 +147,17 @@ void run_w4a16_gemm_benchmark(const W4A16BenchOptions& options) {
         row.stats = cuda::time_cuda([&](cudaStream_t s) { w4a16_gemm(xv, w, yv, workspace, options, s); }, timer);
         const double speedup = cublas_us / row.stats.median_us;
         row.extra = {{"plan", w4a16_strategy_name(plan.strategy)}, {"split_k", plan.split_k},
-                     {"rows_per_pass", plan.rows_per_pass}, {"cublas_us", cublas_us},
+                     {"rows_per_pass", plan.rows_per_pass}, {"tail_tiles", plan.tail_tiles},
+                     {"tail_split", plan.tail_split}, {"cublas_us", cublas_us},
                      {"speedup_vs_cublas", speedup}};
         if (json) json->write(row);
         auto& acc = speedups[row.impl][M];
         acc.first += std::log(speedup);
         acc.second += 1;
-        std::printf("%-15s M=%-5lld %-30s %9.1f us  %6.0f GB/s  %5.2fx cuBLAS  (%s, split %d, rows %d)\n",
+        std::printf("%-15s M=%-5lld %-30s %9.1f us  %6.0f GB/s  %5.2fx cuBLAS  (%s, split %d, rows %d, tail %lld x %d)\n",
                     shape.label, static_cast<long long>(M), row.impl.c_str(), row.stats.median_us, row.GBps(), speedup,
-                    w4a16_strategy_name(plan.strategy), plan.split_k, plan.rows_per_pass);
+                    w4a16_strategy_name(plan.strategy), plan.split_k, plan.rows_per_pass,
+                    static_cast<long long>(plan.tail_tiles), plan.tail_split);
         if (M == 1 && options.strategy == W4A16Strategy::automatic) {
           char line[200];
           std::snprintf(line, sizeof line, "  %-15s %8.1f us  %6.0f GB/s = %4.1f%% of copy", shape.label,

@@ -41,6 +41,7 @@
 #include "lowbit/cuda/random.h"
 #include "lowbit/cuda/timer.h"
 #include "lowbit/w4a16/w4a16_layout.h"
+#include "lowbit/w4a16/w4a16_wave_rule.h"
 #include "w4a16_device.cuh"
 #include "w4a16_gemv.h"
 #include "w4a16_wgmma.h"
@@ -588,10 +589,11 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
     // mma.sync kernels (no 16-row mma padding, two warpgroups per x tile,
     // copy-engine loads), and above it serves up to 256 rows per weight read.
     // Above 512 rows it runs 256-row tiles one CTA per SM, so a grid that
-    // fills its last wave poorly (e.g. 160 tiles on 132 SMs: 61%) loses to
-    // the decoupled GEMM (dequantize once, cuBLAS at full rate), which wins
-    // there at M = 1024 (0.74x vs 0.62x cuBLAS on the 5120-column layers)
-    // while wgmma wins or ties the others.
+    // fills its last wave poorly (e.g. 160 tiles on 132 SMs: 61%) lost to
+    // the decoupled GEMM (dequantize once, cuBLAS at full rate) at M = 1024
+    // (0.74x vs 0.62x cuBLAS on the 5120-column layers) while wgmma won or
+    // tied the others; the decoupled GEMM is kept only where the leftover
+    // tiles cannot be split along K (w4a16_wave_rule.h).
     // Without sm_90a: the fused mma.sync kernel up to 64 rows, then the
     // decoupled GEMM (cheaper than re-reading the weights every 64 rows).
     // The H100 measurements behind this: docs/w4a16-gemm.md.
@@ -605,7 +607,8 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
                               ((w.N_padded() + w4a16_detail::kWgmmaColsPerTile - 1) / w4a16_detail::kWgmmaColsPerTile);
         const int64_t wave = static_cast<int64_t>(w4a16_detail::wgmma_ctas_per_sm(rows, bf16)) * sm_count(w.device());
         const double filled = static_cast<double>(tiles) / static_cast<double>((tiles + wave - 1) / wave * wave);
-        if (filled < 0.75) plan.strategy = W4A16Strategy::decoupled;
+        const bool tail = choose_wgmma_tail(tiles, wave, iters, options.tail_split).tail_tiles > 0;
+        if (filled < 0.75 && !tail) plan.strategy = W4A16Strategy::decoupled;
       }
     } else {
       plan.strategy = M <= 64 ? W4A16Strategy::split_k_deterministic : W4A16Strategy::decoupled;
@@ -636,22 +639,34 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
     // tiles). Measured on the H100 (docs/w4a16-gemm.md): halving 128/256-row
     // tiles to fill the SMs instead of splitting K was slower at M = 128/256.
     plan.rows_per_pass = r > 0 ? r : w4a16_detail::wgmma_rows_per_tile(M);
-    // Fewer tiles than one wave of resident CTAs leaves SMs idle: split K
-    // until the wave is full, keeping at least 4 k-iterations per CTA.
-    // Decode tiles (16, 32 rows) are a pure weight stream shared by the CTAs
-    // of an SM, so the slowest SM holds ceil(CTAs / SMs) of them: Qwen3-14B's
-    // gate/up layer (272 tiles of 80 iterations) gave 3 CTAs to 8 SMs and 2
-    // to the rest at split 1 (66 us; 61 us at split 4). For them up to 4x the
-    // first split is tried, each CTA charged kCtaOverheadIters for its
-    // pipeline fill and its share of the split-K reduction. Larger tiles keep
-    // the first split: there the balanced choice took larger splits, and the
-    // run that had it was slower at M >= 128 (docs/w4a16-gemm.md).
+    // Decode tiles (16, 32 rows): fewer tiles than one wave of resident CTAs
+    // leaves SMs idle, so K is split until the wave is full, keeping at
+    // least 4 k-iterations per CTA. They are a pure weight stream shared by
+    // the CTAs of an SM, so the slowest SM holds ceil(CTAs / SMs) of them:
+    // Qwen3-14B's gate/up layer (272 tiles of 80 iterations) gave 3 CTAs to
+    // 8 SMs and 2 to the rest at split 1 (66 us; 61 us at split 4). Up to 4x
+    // the first split is tried, each CTA charged kCtaOverheadIters for its
+    // pipeline fill and its share of the split-K reduction.
+    // Larger tiles split K by the first split that fills the wave (the
+    // balanced choice took larger splits there, and the run that had it was
+    // slower at M >= 128: docs/w4a16-gemm.md); grids of more than a wave
+    // split only the leftover tiles of their last one (choose_wgmma_tail,
+    // w4a16_wave_rule.h; tail_split = 1 turns that off, for comparisons).
+    LOWBIT_CHECK_ARG(options.tail_split >= 0, "tail_split", options.tail_split, "0 (chosen), 1 (none) or >= 2");
+    const int64_t wave = static_cast<int64_t>(w4a16_detail::wgmma_ctas_per_sm(plan.rows_per_pass, bf16)) * sms;
+    const int64_t n_tiles = tiles(plan.rows_per_pass);
+    const bool tail_rule = options.split_k <= 0 && options.tail_split != 1 &&
+                           plan.rows_per_pass >= w4a16_detail::kWgmmaMinTailRows;
     int64_t choice = options.split_k;
+    if (tail_rule) {
+      const WgmmaTailSplit tail = choose_wgmma_tail(n_tiles, wave, iters, options.tail_split);
+      plan.tail_tiles = tail.tail_tiles;
+      plan.tail_split = tail.tail_split;
+      if (tail.tail_tiles > 0) choice = 1;
+    }
     if (choice <= 0) {
       constexpr int64_t kCtaOverheadIters = 3;
-      const int64_t wave =
-          static_cast<int64_t>(w4a16_detail::wgmma_ctas_per_sm(plan.rows_per_pass, bf16)) * sms;
-      const int64_t n_tiles = tiles(plan.rows_per_pass), max_split = std::max(1, iters / 4);
+      const int64_t max_split = std::max(1, iters / 4);
       const int64_t first = std::min<int64_t>(std::max<int64_t>(1, wave / n_tiles), max_split);
       const int64_t last = plan.rows_per_pass <= 32 ? std::min(4 * first, max_split) : first;
       int64_t best_cost = -1;
@@ -817,16 +832,26 @@ void w4a16_gemm(const TensorView& x, const W4A16Weights& w, const TensorView& y,
       fail(ErrorKind::unsupported, "W4A16 strategy 'wgmma' needs a compute capability 9.0 device and a build for "
                                    "sm_90a (CMAKE_CUDA_ARCHITECTURES with 90a)");
     w4a16_detail::TiledGemmArgs a = tiled_args(xin, ldx, w, y, M, iters, group_shift, plan.split_k);
-    if (plan.split_k > 1) {
-      const int64_t tiles = (M + plan.rows_per_pass - 1) / plan.rows_per_pass *
-                            ((w.N_padded() + w4a16_detail::kWgmmaColsPerTile - 1) / w4a16_detail::kWgmmaColsPerTile);
-      // Slot 2: the ordered partials; slot 3: one counter per tile (kept zero).
+    const int64_t tiles = (M + plan.rows_per_pass - 1) / plan.rows_per_pass *
+                          ((w.N_padded() + w4a16_detail::kWgmmaColsPerTile - 1) / w4a16_detail::kWgmmaColsPerTile);
+    // Slot 2: the partials (ordered by split; tail tiles: each split's whole
+    // tile of fp32 accumulators); slot 3: one counter per tile (kept zero).
+    if (plan.tail_tiles > 0) {
+      a.tail_tiles = static_cast<int>(plan.tail_tiles);
+      a.tail_split = plan.tail_split;
+      a.partial = static_cast<float*>(workspace.scratch(
+          2,
+          static_cast<size_t>(plan.tail_tiles) * static_cast<size_t>(plan.tail_split) *
+              static_cast<size_t>(plan.rows_per_pass) * w4a16_detail::kWgmmaColsPerTile * sizeof(float),
+          false, w.device(), stream));
+    } else if (plan.split_k > 1) {
       a.partial = static_cast<float*>(workspace.scratch(
           2, static_cast<size_t>(M * w.N_padded()) * static_cast<size_t>(plan.split_k) * sizeof(float), false,
           w.device(), stream));
+    }
+    if (plan.tail_tiles > 0 || plan.split_k > 1)
       a.counters = static_cast<int*>(
           workspace.scratch(3, static_cast<size_t>(tiles) * sizeof(int), true, w.device(), stream));
-    }
     w4a16_detail::launch_wgmma(a, plan.rows_per_pass, bf16, w.float_zero(), stream);
     return;
   }

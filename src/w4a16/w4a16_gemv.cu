@@ -142,20 +142,6 @@ __device__ __forceinline__ uint4 rms_normalized(uint4 x, uint4 w, float inv_rms)
   return out;
 }
 
-// The split-K count. Thread 0's add is a release (after the barrier that
-// follows every thread's partial stores, it publishes them device-wide) and
-// an acquire (with the barrier after it, the last CTA's loads of the other
-// partials come after every CTA's stores), as CUTLASS's split-K semaphore
-// does. It replaces a __threadfence by every thread before the count and
-// another after it in the last CTA: fences on the critical path of every
-// K-split call (the count and the last CTA's sum took ~2.5-3.5 us of a
-// decode step's GEMM, measured with per-CTA timer stamps).
-__device__ __forceinline__ int atomic_add_acq_rel_gpu(int* p, int v) {
-  int old;
-  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
-  return old;
-}
-
 // What the end of the kernel needs to write y (or its split-K partials).
 struct OutputArgs {
   void* y;

@@ -39,6 +39,12 @@ struct TiledGemmArgs {
   int iters;        // K_pad / 64
   int group_shift;  // log2(group size), or -1 for per channel
   int split_k;
+  // wgmma: the last tail_tiles output tiles (row tiles fastest) are split
+  // along K tail_split ways and every other tile is whole (split_k is then 1):
+  // a grid of tiles that leaves its last wave of resident CTAs mostly empty
+  // spreads that wave's work over the SMs. 0: every tile split split_k ways.
+  int tail_tiles;
+  int tail_split;
   int64_t x_up_offset;  // gemv: 0, or x holds gate | up and the kernel reads silu(gate) * up (up at x + x_up_offset)
   // gemv, W4A16Options: residual add in the epilogue (y read and written)
   // with per-row sums of squares per column block out, and RMSNorm of x.

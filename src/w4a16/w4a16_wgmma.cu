@@ -113,6 +113,51 @@ __device__ __forceinline__ void fence_accumulators(float (&d)[N]) {
 }
 #endif  // !__CUDA_ARCH__ || __CUDA_ARCH_FEAT_SM90_ALL
 
+// Which output tile, and which K split of it, a CTA computes. Without tail
+// tiles the grid is (row tiles, column tiles, split_k). With them it is
+// one-dimensional: first the tail tiles' tail_split CTAs each, then one CTA
+// per whole tile. The tail goes first so that its splits start together and
+// its fix-up overlaps the whole tiles. Its CTAs are in split-major order, as
+// in the uniform grid: neighbouring column tiles' weights of one k-range are
+// contiguous.
+struct WgmmaWork {
+  int row_tile, col_tile, tile;  // tile = col_tile * row tiles + row_tile
+  int split, n_splits;
+  bool tail;
+  int tail_index;  // tail tiles: 0 .. tail_tiles - 1
+};
+
+template <int kMTile>
+__device__ __forceinline__ WgmmaWork wgmma_work(const WgmmaArgs& args) {
+  const int row_tiles = (args.M + kMTile - 1) / kMTile;
+  WgmmaWork w{};
+  if (args.tail_tiles == 0) {
+    w.row_tile = blockIdx.x;
+    w.col_tile = blockIdx.y;
+    w.split = blockIdx.z;
+    w.n_splits = args.split_k;
+  } else {
+    const int body_tiles = row_tiles * ((args.N_pad + 127) / 128) - args.tail_tiles;
+    const int tail_ctas = args.tail_tiles * args.tail_split, b = blockIdx.x;
+    int tile;
+    if (b < tail_ctas) {
+      w.tail = true;
+      w.tail_index = b % args.tail_tiles;
+      tile = body_tiles + w.tail_index;
+      w.split = b / args.tail_tiles;
+      w.n_splits = args.tail_split;
+    } else {
+      tile = b - tail_ctas;
+      w.split = 0;
+      w.n_splits = 1;
+    }
+    w.row_tile = tile % row_tiles;
+    w.col_tile = tile / row_tiles;
+  }
+  w.tile = w.col_tile * row_tiles + w.row_tile;
+  return w;
+}
+
 // Residency wanted: small tiles (decode) need several CTAs per SM to keep
 // enough weight bytes in flight; the 256-row tile holds 128 accumulators per
 // thread and runs alone.
@@ -133,13 +178,14 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>)
 
   const int tid = threadIdx.x, wg = tid / 128, lt = tid % 128, warp = lt / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
-  const int m0 = blockIdx.x * kMTile;
+  const WgmmaWork work = wgmma_work<kMTile>(args);
+  const int m0 = work.row_tile * kMTile;
   const int n_blocks = args.N_pad / 64;
-  const int nb = blockIdx.y * 2 + wg;  // this warpgroup's 64-column block
-  const bool active = nb < n_blocks;   // uniform per warpgroup: the last tile may have one block only
-  const int split = blockIdx.z;
-  const int it_begin = static_cast<int>(static_cast<int64_t>(split) * args.iters / args.split_k);
-  const int it_end = static_cast<int>(static_cast<int64_t>(split + 1) * args.iters / args.split_k);
+  const int nb = work.col_tile * 2 + wg;  // this warpgroup's 64-column block
+  const bool active = nb < n_blocks;      // uniform per warpgroup: the last tile may have one block only
+  const int split = work.split, n_splits = work.n_splits;
+  const int it_begin = static_cast<int>(static_cast<int64_t>(split) * args.iters / n_splits);
+  const int it_end = static_cast<int>(static_cast<int64_t>(split + 1) * args.iters / n_splits);
   const int n = it_end - it_begin;
 
   auto stage_x = [&](int s) { return smem + s * S::kStageBytes; };
@@ -162,7 +208,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>)
   // use of that slot by iteration i - kStages has been released by both
   // warpgroups. Weights of the tile's (one or two) column blocks are
   // contiguous, and so are a group's scale/zero pairs of those columns.
-  const int tile_blocks = min(2, n_blocks - static_cast<int>(blockIdx.y) * 2);
+  const int tile_blocks = min(2, n_blocks - work.col_tile * 2);
   const uint32_t w_bytes = tile_blocks * 128 * 16, sz_bytes = tile_blocks * 64 * 4;
   // Rows k0 and k0 + 32 share their scales unless the group is 32 rows: one
   // scale copy then, not two. At decode a stage is only 4 KB of weights, and
@@ -177,12 +223,12 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>)
     const int s = i % kStages, it = it_begin + i, k0 = it * 64;
     if (i >= kStages) mbar_wait(&empty[s], ((i / kStages) + 1) & 1);
     mbar_arrive_expect_tx(&full[s], x_box_rows<kMTile>(args.M) * 128 + w_bytes + sz_parts * sz_bytes);
-    bulk_load(stage_w(s), args.qweight + (static_cast<int64_t>(it) * n_blocks + blockIdx.y * 2) * 128,
+    bulk_load(stage_w(s), args.qweight + (static_cast<int64_t>(it) * n_blocks + work.col_tile * 2) * 128,
               w_bytes, &full[s]);
     for (int part = 0; part < sz_parts; ++part) {  // the groups of rows k0 and k0 + 32
       const int group = args.group_shift < 0 ? 0 : (k0 + 32 * part) >> args.group_shift;
       bulk_load(stage_sz(s) + part * 128,
-                args.scale_zero + static_cast<int64_t>(group) * args.N_pad + blockIdx.y * 128, sz_bytes,
+                args.scale_zero + static_cast<int64_t>(group) * args.N_pad + work.col_tile * 128, sz_bytes,
                 &full[s]);
     }
   };
@@ -273,10 +319,65 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>)
         if (row < args.M) f(row, col, acc[4 * i + e]);
       }
   };
-  if (args.split_k == 1) {
+  auto store_y = [&] {
     for_each_output([&](int row, int col, float v) {
       if (col < args.N) y[static_cast<int64_t>(row) * args.ldy + col] = from_float<T>(v);
     });
+  };
+  if (n_splits == 1) {
+    store_y();
+    return;
+  }
+  int* counter = args.counters + work.tile;
+  if constexpr (kMTile >= kWgmmaMinTailRows) if (work.tail) {
+    // A tail tile's partials are stored in the accumulators' own order
+    // ([split][quad][thread] float4), so that the last CTA reads each split's
+    // with kAcc / 4 independent 16-byte loads per thread: the fix-up is then
+    // bound by L2 bandwidth (~128 KB per split for the 256-row tile), not by
+    // a chain of round trips, and its cost is what the plan's split choice
+    // weighs against the shorter K range.
+    constexpr int kQuads = kAcc / 4;
+    float4* slots = reinterpret_cast<float4*>(args.partial) +
+                    static_cast<int64_t>(work.tail_index) * n_splits * kQuads * kThreads + tid;
+    float4* mine = slots + static_cast<int64_t>(split) * kQuads * kThreads;
+#pragma unroll
+    for (int q = 0; q < kQuads; ++q)
+      __stcg(mine + q * kThreads, make_float4(acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]));
+    __syncthreads();  // every thread's partials are stored before thread 0's release
+    if (tid == 0) last_cta = atomic_add_acq_rel_gpu(counter, 1) == n_splits - 1;
+    __syncthreads();
+    if (!last_cta) return;
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+    // Splits in order (the same bits whichever CTA is last), kChunk quads of
+    // two splits per round: 16 loads in flight per thread beside the 256-row
+    // tile's 128 accumulators (210 registers of its 255), 8 for the smaller
+    // tiles, which run two CTAs per SM within 128 registers.
+    constexpr int kChunk = kMTile == 256 ? 8 : 4;
+#pragma unroll
+    for (int q0 = 0; q0 < kQuads; q0 += kChunk) {
+      int sp = 0;
+      for (; sp + 1 < n_splits; sp += 2) {
+        float4 a0[kChunk], a1[kChunk];
+#pragma unroll
+        for (int q = 0; q < kChunk; ++q) {
+          a0[q] = __ldcg(slots + (static_cast<int64_t>(sp) * kQuads + q0 + q) * kThreads);
+          a1[q] = __ldcg(slots + (static_cast<int64_t>(sp + 1) * kQuads + q0 + q) * kThreads);
+        }
+#pragma unroll
+        for (int q = 0; q < kChunk; ++q) {
+          add_quad(acc, 4 * (q0 + q), a0[q]);
+          add_quad(acc, 4 * (q0 + q), a1[q]);
+        }
+      }
+      if (sp < n_splits) {
+#pragma unroll
+        for (int q = 0; q < kChunk; ++q)
+          add_quad(acc, 4 * (q0 + q), __ldcg(slots + (static_cast<int64_t>(sp) * kQuads + q0 + q) * kThreads));
+      }
+    }
+    store_y();
+    if (tid == 0) *counter = 0;  // ready for the next call
     return;
   }
   float* partial = args.partial + static_cast<int64_t>(split) * args.M * args.N_pad;
@@ -284,8 +385,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>)
       [&](int row, int col, float v) { __stcg(partial + static_cast<int64_t>(row) * args.N_pad + col, v); });
   __threadfence();  // this thread's partials are visible device-wide before the count
   __syncthreads();
-  int* counter = args.counters + blockIdx.y * gridDim.x + blockIdx.x;
-  if (tid == 0) last_cta = atomicAdd(counter, 1) == args.split_k - 1;
+  if (tid == 0) last_cta = atomicAdd(counter, 1) == n_splits - 1;
   __syncthreads();
   if (!last_cta) return;
   __threadfence();
@@ -295,20 +395,20 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>)
   const int quads = min(kMTile, args.M - m0) * 32;  // float4 groups of the tile's 128 columns
   const int64_t split_stride = static_cast<int64_t>(args.M) * args.N_pad;
   constexpr int kStagedPerThread = 4;
-  if (quads * args.split_k <= kStagedPerThread * kThreads) {
+  if (quads * n_splits <= kStagedPerThread * kThreads) {
     // Decode (a row or two, split 8-16): the loop below would have 32-64
     // threads walk the splits one L2 round trip at a time. Instead all
     // threads load the (split, group) pairs at once, up to 4 each, into the
     // idle stage memory (16 KB at most); then each thread sums groups in the
     // same order as the loop (the same bits).
     float4* staged = reinterpret_cast<float4*>(smem);
-    const int pairs = quads * args.split_k;
+    const int pairs = quads * n_splits;
     __syncthreads();  // every warpgroup is done with the stages
     float4 v[kStagedPerThread];
 #pragma unroll
     for (int u = 0; u < kStagedPerThread; ++u) {
       const int i = tid + u * kThreads, sp = i / quads, q = i % quads;
-      const int row = m0 + q / 32, col = blockIdx.y * 128 + (q % 32) * 4;
+      const int row = m0 + q / 32, col = work.col_tile * 128 + (q % 32) * 4;
       v[u] = i < pairs && col < args.N_pad
                  ? __ldcg(reinterpret_cast<const float4*>(args.partial + sp * split_stride +
                                                           static_cast<int64_t>(row) * args.N_pad + col))
@@ -320,9 +420,9 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>)
     __syncthreads();
     // quads exceeds the thread count from 9 rows on (16-row tile at split 2).
     for (int q = tid; q < quads; q += kThreads) {
-      const int row = m0 + q / 32, col = blockIdx.y * 128 + (q % 32) * 4;
+      const int row = m0 + q / 32, col = work.col_tile * 128 + (q % 32) * 4;
       float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      for (int sp = 0; sp < args.split_k; ++sp) add_to(sum, staged[sp * quads + q]);
+      for (int sp = 0; sp < n_splits; ++sp) add_to(sum, staged[sp * quads + q]);
       store_quad(y + static_cast<int64_t>(row) * args.ldy, col, args.N, sum);
     }
     if (tid == 0) *counter = 0;
@@ -332,11 +432,11 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>)
     float4 sum[4];
 #pragma unroll
     for (int u = 0; u < 4; ++u) sum[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int sp = 0; sp < args.split_k; ++sp)  // fixed order: bitwise reproducible
+    for (int sp = 0; sp < n_splits; ++sp)  // fixed order: bitwise reproducible
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
         const int q = base + u * kThreads;
-        const int row = m0 + q / 32, col = blockIdx.y * 128 + (q % 32) * 4;
+        const int row = m0 + q / 32, col = work.col_tile * 128 + (q % 32) * 4;
         if (q < quads && col < args.N_pad)
           add_to(sum[u], __ldcg(reinterpret_cast<const float4*>(args.partial + sp * split_stride +
                                                                 static_cast<int64_t>(row) * args.N_pad + col)));
@@ -344,7 +444,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>)
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       const int q = base + u * kThreads;
-      const int row = m0 + q / 32, col = blockIdx.y * 128 + (q % 32) * 4;
+      const int row = m0 + q / 32, col = work.col_tile * 128 + (q % 32) * 4;
       if (q < quads) store_quad(y + static_cast<int64_t>(row) * args.ldy, col, args.N, sum[u]);
     }
   }
@@ -372,8 +472,12 @@ void launch_typed(const WgmmaArgs& args, cudaStream_t stream) {
     configured = true;
   }
   const CUtensorMap map = encode_x_tensor_map(args, x_box_rows<kMTile>(args.M), std::is_same_v<T, __nv_bfloat16>);
-  const dim3 grid(static_cast<unsigned>((args.M + kMTile - 1) / kMTile),
-                  static_cast<unsigned>((args.N_pad + 127) / 128), static_cast<unsigned>(args.split_k));
+  const unsigned row_tiles = static_cast<unsigned>((args.M + kMTile - 1) / kMTile);
+  const unsigned col_tiles = static_cast<unsigned>((args.N_pad + 127) / 128);
+  const dim3 grid = args.tail_tiles == 0
+                        ? dim3(row_tiles, col_tiles, static_cast<unsigned>(args.split_k))
+                        : dim3(row_tiles * col_tiles - static_cast<unsigned>(args.tail_tiles) +
+                               static_cast<unsigned>(args.tail_tiles * args.tail_split));
   cuda::launch_with_pdl(kernel, grid, dim3(kThreads), static_cast<size_t>(Smem<kMTile>::kBytes), stream, map, args);
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
@@ -489,6 +593,10 @@ int wgmma_ctas_per_sm(int rows_per_tile, bool bf16) {
 }
 
 void launch_wgmma(const WgmmaArgs& args, int rows_per_tile, bool bf16, bool float_zero, cudaStream_t stream) {
+  if (args.tail_tiles > 0 && (rows_per_tile < kWgmmaMinTailRows || args.split_k != 1 || args.tail_split < 2))
+    fail(ErrorKind::internal, "W4A16 wgmma: tail tiles need tiles of ", kWgmmaMinTailRows,
+         "+ rows, split_k 1 and a tail split >= 2 (rows ", rows_per_tile, ", split_k ", args.split_k,
+         ", tail split ", args.tail_split, ")");
   if (bf16) {
     if (float_zero)
       launch_rows<__nv_bfloat16, true>(args, rows_per_tile, stream);

@@ -21,7 +21,12 @@ inline constexpr int kWgmmaColsPerTile = 128;
 bool wgmma_supported(int device);
 // CTAs per SM the kernel for `rows_per_tile` can keep resident.
 int wgmma_ctas_per_sm(int rows_per_tile, bool bf16);
-// grid = (ceil(M / rows_per_tile), ceil(N_pad / 128), split_k).
+// Tail tiles (args.tail_tiles, w4a16_wave_rule.h) need tiles of at least
+// this many rows: the decode tiles balance their CTAs by split_k alone, and
+// their kernels do not carry the tail's fix-up code.
+inline constexpr int kWgmmaMinTailRows = 64;
+// grid = (ceil(M / rows_per_tile), ceil(N_pad / 128), split_k), or with tail
+// tiles one CTA per whole tile plus tail_split per tail tile.
 void launch_wgmma(const WgmmaArgs& args, int rows_per_tile, bool bf16, bool float_zero, cudaStream_t stream);
 
 }  // namespace lowbit::w4a16_detail

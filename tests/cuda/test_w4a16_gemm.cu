@@ -859,6 +859,50 @@ TEST(W4A16Gemm, WgmmaEveryTileAndOddColumnBlocks) {
   EXPECT_TRUE(test::throws_error([&] { (void)w4a16_plan(4, w, bad); }, ErrorKind::invalid_argument, {"rows_per_tile"}));
 }
 
+// Grids of more than one wave whose leftover tiles are split along K
+// (w4a16_wave_rule.h): 150 column tiles of 19136 columns (the last with one
+// 64-column block) at M = 300 (partial last row tiles at 64, 128 and 256
+// rows per tile), forced tail splits (the rule itself is tested on the CPU).
+TEST(W4A16Gemm, WgmmaTailTilesSplitAlongK) {
+  LOWBIT_REQUIRE_GPU();
+  if (!w4a16_wgmma_available()) GTEST_SKIP() << "no sm_90a device/build (WgmmaRunsOnComputeCapability9 checks)";
+  W4A16Workspace ws;
+  uint64_t seed = 120;
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    const ZeroKind kind = dtype == DType::f16 ? ZeroKind::asym : ZeroKind::float_min_f16;
+    const auto layer = test::random_layer(384, 19100, 128, kind, seed++);
+    const W4A16Weights w = W4A16Weights::prepare(layer, dtype);
+    const Problem p = make_problem(300, layer, dtype, seed++);
+    for (int rows : {64, 128, 256})
+      for (int tail_split : {2, 3, 6}) {
+        SCOPED_TRACE(testing::Message() << dtype_name(dtype) << " rows " << rows << " tail split " << tail_split);
+        W4A16Options o{W4A16Strategy::wgmma, 0};
+        o.rows_per_tile = rows;
+        o.tail_split = tail_split;
+        const W4A16Plan plan = w4a16_plan(p.M, w, o);
+        ASSERT_GT(plan.tail_tiles, 0) << "the grid must not be a whole number of waves of resident CTAs";
+        EXPECT_EQ(plan.tail_split, tail_split);
+        EXPECT_EQ(plan.split_k, 1);
+        const auto first = run_gpu(p, w, ws, o);
+        EXPECT_TRUE(matches_reference(p, first));
+        EXPECT_EQ(run_gpu(p, w, ws, o), first);  // the fix-up sums splits in a fixed order
+      }
+  }
+  // The rule's own choice on Qwen3-14B's gate/up layer at 256 rows (272
+  // tiles on fewer SMs): a tail, except when the caller fixes split_k or
+  // asks for none.
+  const W4A16Weights gate_up = W4A16Weights::random(5120, 34816, 128, DType::f16, 7);
+  EXPECT_GT(w4a16_plan(256, gate_up).tail_tiles, 0);
+  EXPECT_EQ(w4a16_plan(256, gate_up, {W4A16Strategy::wgmma, 1}).tail_tiles, 0);
+  W4A16Options none{W4A16Strategy::wgmma, 0};
+  none.tail_split = 1;
+  EXPECT_EQ(w4a16_plan(256, gate_up, none).tail_tiles, 0);
+  W4A16Options bad{W4A16Strategy::wgmma, 0};
+  bad.tail_split = -1;
+  EXPECT_TRUE(test::throws_error([&] { (void)w4a16_plan(256, gate_up, bad); }, ErrorKind::invalid_argument,
+                                 {"tail_split"}));
+}
+
 TEST(W4A16Gemm, BadArgumentsAreNamed) {
   LOWBIT_REQUIRE_GPU();
   W4A16Workspace ws;

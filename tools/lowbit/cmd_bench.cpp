@@ -61,6 +61,11 @@ void add_bench_command(CLI::App& app) {
                    "Also time the gemv strategy with these K splits forced (M <= 16 only)")
       ->delimiter(',')
       ->check(CLI::PositiveNumber);
+  gemm->add_option("--wgmma-tail-splits", options.wgmma_tail_splits,
+                   "Also time the wgmma strategy with the leftover tiles of a partly filled last wave split "
+                   "this many ways along K (1: no split; points without such tiles are skipped; sm_90a only)")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
   add_l2_flush_option(*gemm, options.flush_by_reading);
   gemm->callback([] {
     options.dtype = dtype == "bf16" ? DType::bf16 : DType::f16;

@@ -37,6 +37,10 @@ struct W4A16BenchOptions {
   // Extra rows "lowbit_gemv_s<S>" with the gemv strategy's K split forced to
   // S, M <= 16.
   std::vector<int> gemv_splits;
+  // Extra rows "lowbit_wgmma_t<S>": the wgmma strategy with its tail split
+  // (W4A16Options::tail_split) forced to S, 1 meaning none; only at points
+  // whose plan has leftover tiles to split.
+  std::vector<int> wgmma_tail_splits;
   // Evict L2 between calls by reading a large buffer (clean lines) rather
   // than writing it (dirty lines whose write-back the timed call pays; the
   // peers' anchors were taken that way): see CudaTimerOptions.

@@ -159,6 +159,13 @@ struct W4A16Options {
   // wgmma only: rows of M per CTA tile, 16, 32, 64, 128 or 256; 0: chosen
   // from M, N and the SM count. For tests and tuning sweeps.
   int rows_per_tile = 0;
+  // wgmma only, tiles of 64 rows and more: the K split of the tiles that
+  // choose_wgmma_tail splits (w4a16_wave_rule.h: the leftover tiles of a
+  // partly filled last wave, or every tile of a grid smaller than a wave).
+  // 0: its choice; >= 2: that split; 1: none of it, every tile split by the
+  // uniform rule used before it (the first split that fills a wave). Ignored
+  // when split_k is given. For tests and benchmark comparisons.
+  int tail_split = 0;
   // x is [M, 2K]: a gate half then an up half, and the GEMM multiplies
   // silu(gate) * up, each rounded to the activation dtype (the values
   // ops::silu_mul stores), by the weights: a decode step's SiLU fused into
@@ -210,6 +217,10 @@ struct W4A16Plan {
   W4A16Strategy strategy;
   int split_k;        // split-K, wgmma, gemv: CTAs per tile along K; stream-K: CTAs in the wave
   int rows_per_pass;  // 16, 32 or 64 (wgmma: 16, 32, 64, 128 or 256; gemv: 8); larger M takes several passes
+  // wgmma: the last tail_tiles tiles split tail_split ways along K (split_k
+  // is then 1); 0: none.
+  int64_t tail_tiles = 0;
+  int tail_split = 1;
 };
 W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& options = {});
 

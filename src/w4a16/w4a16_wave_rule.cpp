@@ -1,0 +1,27 @@
+#include "lowbit/w4a16/w4a16_wave_rule.h"
+
+#include <algorithm>
+
+#include "lowbit/core/error.h"
+
+namespace lowbit {
+
+WgmmaTailSplit choose_wgmma_tail(int64_t tiles, int64_t wave, int iters, int forced) {
+  LOWBIT_CHECK_ARG(tiles >= 1, "tiles", tiles, "at least 1");
+  LOWBIT_CHECK_ARG(wave >= 1, "wave", wave, "at least 1");
+  LOWBIT_CHECK_ARG(iters >= 1, "iters", iters, "at least 1");
+  LOWBIT_CHECK_ARG(forced >= 0, "forced", forced, "0 (the rule), 1 (no split) or a split >= 2");
+  const int64_t leftover = tiles % wave;
+  if (forced == 1 || tiles <= wave || leftover == 0) return {};
+  if (forced >= 2) return {leftover, std::min(forced, iters)};
+  double best_cost = static_cast<double>(iters);  // the round that a tail removes
+  WgmmaTailSplit best;
+  const int most = static_cast<int>(std::min<int64_t>({iters / 4, kMaxTailSplit, wave / leftover}));
+  for (int s = 2; s <= most; ++s) {
+    const double cost = static_cast<double>((iters + s - 1) / s) + kTailFixupIters * s;
+    if (cost < best_cost) best_cost = cost, best = {leftover, s};
+  }
+  return best;
+}
+
+}  // namespace lowbit
