@@ -581,6 +581,7 @@ int resident_ctas(int rows_per_pass, bool bf16, int device) {
 bool w4a16_wgmma_available(int device) { return w4a16_detail::wgmma_supported(device); }
 
 W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& options) {
+  LOWBIT_CHECK_ARG(options.tail_split >= 0, "tail_split", options.tail_split, "0 (chosen), 1 (none) or >= 2");
   W4A16Plan plan{options.strategy, 1, M <= 16 ? 16 : (M <= 32 ? 32 : 64)};
   const bool bf16 = w.act_dtype() == DType::bf16;
   const int iters = static_cast<int>(w.K_padded() / 64);
@@ -607,7 +608,8 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
                               ((w.N_padded() + w4a16_detail::kWgmmaColsPerTile - 1) / w4a16_detail::kWgmmaColsPerTile);
         const int64_t wave = static_cast<int64_t>(w4a16_detail::wgmma_ctas_per_sm(rows, bf16)) * sm_count(w.device());
         const double filled = static_cast<double>(tiles) / static_cast<double>((tiles + wave - 1) / wave * wave);
-        const bool tail = choose_wgmma_tail(tiles, wave, iters, options.tail_split).tail_tiles > 0;
+        const bool tail =
+            options.split_k <= 0 && choose_wgmma_tail(tiles, wave, iters, options.tail_split).tail_tiles > 0;
         if (filled < 0.75 && !tail) plan.strategy = W4A16Strategy::decoupled;
       }
     } else {
@@ -652,7 +654,6 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
     // slower at M >= 128: docs/w4a16-gemm.md); grids of more than a wave
     // split only the leftover tiles of their last one (choose_wgmma_tail,
     // w4a16_wave_rule.h; tail_split = 1 turns that off, for comparisons).
-    LOWBIT_CHECK_ARG(options.tail_split >= 0, "tail_split", options.tail_split, "0 (chosen), 1 (none) or >= 2");
     const int64_t wave = static_cast<int64_t>(w4a16_detail::wgmma_ctas_per_sm(plan.rows_per_pass, bf16)) * sms;
     const int64_t n_tiles = tiles(plan.rows_per_pass);
     const bool tail_rule = options.split_k <= 0 && options.tail_split != 1 &&

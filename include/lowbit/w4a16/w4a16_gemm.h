@@ -159,12 +159,11 @@ struct W4A16Options {
   // wgmma only: rows of M per CTA tile, 16, 32, 64, 128 or 256; 0: chosen
   // from M, N and the SM count. For tests and tuning sweeps.
   int rows_per_tile = 0;
-  // wgmma only, tiles of 64 rows and more: the K split of the tiles that
-  // choose_wgmma_tail splits (w4a16_wave_rule.h: the leftover tiles of a
-  // partly filled last wave, or every tile of a grid smaller than a wave).
-  // 0: its choice; >= 2: that split; 1: none of it, every tile split by the
-  // uniform rule used before it (the first split that fills a wave). Ignored
-  // when split_k is given. For tests and benchmark comparisons.
+  // wgmma only, tiles of 64 rows and more, grids of more than one wave of
+  // resident CTAs: the K split of the leftover tiles of their partly filled
+  // last wave (choose_wgmma_tail, w4a16_wave_rule.h). 0: its choice; >= 2:
+  // that split; 1: no tail split (the rule before it). Ignored when split_k
+  // is given. For tests and benchmark comparisons.
   int tail_split = 0;
   // x is [M, 2K]: a gate half then an up half, and the GEMM multiplies
   // silu(gate) * up, each rounded to the activation dtype (the values
