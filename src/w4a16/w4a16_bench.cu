@@ -83,6 +83,11 @@ void run_w4a16_gemm_benchmark(const W4A16BenchOptions& options) {
   // impl -> M -> sum of log(speedup), count
   std::map<std::string, std::map<int64_t, std::pair<double, int>>> speedups;
   std::vector<std::string> m1_bandwidth;
+  // --read-floor: the buffer a plain read kernel streams in place of the
+  // weights (their size, random bits), and the counter that keeps its loads.
+  constexpr int64_t kReadFloorMaxRows = 64;
+  Buffer floor_source(16, Device::cuda), floor_sink(sizeof(unsigned), Device::cuda);
+  LOWBIT_CUDA_CHECK(cudaMemset(floor_sink.data(), 0, sizeof(unsigned)));
   const int64_t max_m = *std::max_element(ms.begin(), ms.end());
   for (size_t si = 0; si < shapes.size(); ++si) {
     const W4A16BenchShape shape = shapes[si];
@@ -138,6 +143,43 @@ void run_w4a16_gemm_benchmark(const W4A16BenchOptions& options) {
         if (w4a16_plan(M, w, probe).tail_tiles == 0) continue;
         configs.emplace_back("lowbit_wgmma_t" + std::to_string(tail), o);
       }
+      for (int ctas : options.wgmma_stream_k_ctas) {
+        if (!wgmma) continue;
+        W4A16Options o{W4A16Strategy::wgmma, 0};
+        o.stream_k_ctas = ctas;
+        W4A16Options probe = o;
+        probe.stream_k_ctas = 2;  // forced stream-K applies wherever the grid has fewer tiles than a wave
+        if (w4a16_plan(M, w, probe).stream_k_ctas == 0) continue;
+        configs.emplace_back("lowbit_wgmma_sk" + std::to_string(ctas), o);
+      }
+      if (options.read_floor && M <= kReadFloorMaxRows) {
+        // What reading the W4 weights and scales alone takes under the same
+        // timer and flush: a grid-stride kernel of 16-byte loads, no math,
+        // no output. No W4A16 kernel can read its weights faster than a
+        // plain read does, so this row's speedup over cuBLAS is (about) the
+        // ceiling of any W4A16 kernel at this point.
+        const size_t floor_bytes = (w.weight_bytes() + 15) / 16 * 16;
+        if (floor_source.size() < floor_bytes) {
+          floor_source = Buffer(floor_bytes, Device::cuda);
+          cuda::fill_random_bytes(floor_source.data(), floor_bytes, 4000 + si);
+        }
+        bench::BenchRow row = base;
+        row.impl = "read_floor";
+        row.bytes = floor_bytes;
+        row.stats = cuda::time_cuda(
+            [&](cudaStream_t s) {
+              cuda::read_device_buffer(floor_source.data(), floor_bytes, static_cast<unsigned*>(floor_sink.data()), s);
+            },
+            timer);
+        const double speedup = cublas_us / row.stats.median_us;
+        row.extra = {{"cublas_us", cublas_us}, {"speedup_vs_cublas", speedup}};
+        if (json) json->write(row);
+        auto& acc = speedups[row.impl][M];
+        acc.first += std::log(speedup);
+        acc.second += 1;
+        std::printf("%-15s M=%-5lld %-30s %9.1f us  %6.0f GB/s  %5.2fx cuBLAS  (reads the W4 bytes only)\n",
+                    shape.label, static_cast<long long>(M), row.impl.c_str(), row.stats.median_us, row.GBps(), speedup);
+      }
       for (const auto& [impl, config] : configs) {
         const W4A16Options options = config;
         const W4A16Plan plan = w4a16_plan(M, w, options);
@@ -148,16 +190,19 @@ void run_w4a16_gemm_benchmark(const W4A16BenchOptions& options) {
         const double speedup = cublas_us / row.stats.median_us;
         row.extra = {{"plan", w4a16_strategy_name(plan.strategy)}, {"split_k", plan.split_k},
                      {"rows_per_pass", plan.rows_per_pass}, {"tail_tiles", plan.tail_tiles},
-                     {"tail_split", plan.tail_split}, {"cublas_us", cublas_us},
+                     {"tail_split", plan.tail_split}, {"stream_k_ctas", plan.stream_k_ctas},
+                     {"cublas_us", cublas_us},
                      {"speedup_vs_cublas", speedup}};
         if (json) json->write(row);
         auto& acc = speedups[row.impl][M];
         acc.first += std::log(speedup);
         acc.second += 1;
-        std::printf("%-15s M=%-5lld %-30s %9.1f us  %6.0f GB/s  %5.2fx cuBLAS  (%s, split %d, rows %d, tail %lld x %d)\n",
+        std::printf("%-15s M=%-5lld %-30s %9.1f us  %6.0f GB/s  %5.2fx cuBLAS  (%s, split %d, rows %d, tail %lld x %d, "
+                    "stream-K %lld)\n",
                     shape.label, static_cast<long long>(M), row.impl.c_str(), row.stats.median_us, row.GBps(), speedup,
                     w4a16_strategy_name(plan.strategy), plan.split_k, plan.rows_per_pass,
-                    static_cast<long long>(plan.tail_tiles), plan.tail_split);
+                    static_cast<long long>(plan.tail_tiles), plan.tail_split,
+                    static_cast<long long>(plan.stream_k_ctas));
         if (M == 1 && options.strategy == W4A16Strategy::automatic) {
           char line[200];
           std::snprintf(line, sizeof line, "  %-15s %8.1f us  %6.0f GB/s = %4.1f%% of copy", shape.label,

@@ -222,4 +222,18 @@ __device__ __forceinline__ int atomic_add_acq_rel_gpu(int* p, int v) {
   return old;
 }
 
+// The wgmma kernel's stream-K flags: a CTA that stored the partial of a
+// piece of a tile publishes it with a release add (thread 0, after the
+// barrier that follows every thread's stores); the CTA that sums the tile
+// polls with acquire loads (thread 0, then a barrier before every thread
+// reads the partials).
+__device__ __forceinline__ void red_add_release_gpu(int* p, int v) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ int load_acquire_gpu(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
 }  // namespace lowbit::w4a16_detail

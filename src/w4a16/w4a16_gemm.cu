@@ -582,6 +582,8 @@ bool w4a16_wgmma_available(int device) { return w4a16_detail::wgmma_supported(de
 
 W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& options) {
   LOWBIT_CHECK_ARG(options.tail_split >= 0, "tail_split", options.tail_split, "0 (chosen), 1 (none) or >= 2");
+  LOWBIT_CHECK_ARG(options.stream_k_ctas >= 0, "stream_k_ctas", options.stream_k_ctas,
+                   "0 (chosen), 1 (none) or a CTA count >= 2");
   W4A16Plan plan{options.strategy, 1, M <= 16 ? 16 : (M <= 32 ? 32 : 64)};
   const bool bf16 = w.act_dtype() == DType::bf16;
   const int iters = static_cast<int>(w.K_padded() / 64);
@@ -610,7 +612,13 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
         const double filled = static_cast<double>(tiles) / static_cast<double>((tiles + wave - 1) / wave * wave);
         const bool tail =
             options.split_k <= 0 && choose_wgmma_tail(tiles, wave, iters, options.tail_split).tail_tiles > 0;
-        if (filled < 0.75 && !tail) plan.strategy = W4A16Strategy::decoupled;
+        // Fewer tiles than a wave run stream-K where that pays (below), so
+        // their fill is not the grid's either.
+        const bool stream_k = options.split_k <= 0 && tiles < wave &&
+                              choose_wgmma_stream_k(tiles, wave, iters,
+                                                    std::min<int64_t>(wave / tiles, std::max(1, iters / 4)),
+                                                    options.stream_k_ctas) > 0;
+        if (filled < 0.75 && !tail && !stream_k) plan.strategy = W4A16Strategy::decoupled;
       }
     } else {
       plan.strategy = M <= 64 ? W4A16Strategy::split_k_deterministic : W4A16Strategy::decoupled;
@@ -664,6 +672,14 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
       plan.tail_tiles = tail.tail_tiles;
       plan.tail_split = tail.tail_split;
       if (tail.tail_tiles > 0) choice = 1;
+    }
+    // Fewer tiles than a wave: stream-K where the uniform split below
+    // leaves much of the wave idle (choose_wgmma_stream_k).
+    if (options.split_k <= 0 && plan.rows_per_pass >= w4a16_detail::kWgmmaMinTailRows && n_tiles < wave &&
+        options.stream_k_ctas != 1) {
+      const int64_t uniform = std::min<int64_t>(std::max<int64_t>(1, wave / n_tiles), std::max(1, iters / 4));
+      plan.stream_k_ctas = choose_wgmma_stream_k(n_tiles, wave, iters, uniform, options.stream_k_ctas);
+      if (plan.stream_k_ctas > 0) choice = 1;
     }
     if (choice <= 0) {
       constexpr int64_t kCtaOverheadIters = 3;
@@ -836,21 +852,27 @@ void w4a16_gemm(const TensorView& x, const W4A16Weights& w, const TensorView& y,
     const int64_t tiles = (M + plan.rows_per_pass - 1) / plan.rows_per_pass *
                           ((w.N_padded() + w4a16_detail::kWgmmaColsPerTile - 1) / w4a16_detail::kWgmmaColsPerTile);
     // Slot 2: the partials (ordered by split; tail tiles: each split's whole
-    // tile of fp32 accumulators); slot 3: one counter per tile (kept zero).
-    if (plan.tail_tiles > 0) {
+    // tile of fp32 accumulators; stream-K: one whole tile per CTA); slot 3:
+    // one counter per tile (kept zero).
+    const size_t tile_bytes =
+        static_cast<size_t>(plan.rows_per_pass) * w4a16_detail::kWgmmaColsPerTile * sizeof(float);
+    if (plan.stream_k_ctas > 0) {
+      a.stream_k_ctas = static_cast<int>(plan.stream_k_ctas);
+      a.partial = static_cast<float*>(
+          workspace.scratch(2, static_cast<size_t>(plan.stream_k_ctas) * tile_bytes, false, w.device(), stream));
+    } else if (plan.tail_tiles > 0) {
       a.tail_tiles = static_cast<int>(plan.tail_tiles);
       a.tail_split = plan.tail_split;
       a.partial = static_cast<float*>(workspace.scratch(
           2,
-          static_cast<size_t>(plan.tail_tiles) * static_cast<size_t>(plan.tail_split) *
-              static_cast<size_t>(plan.rows_per_pass) * w4a16_detail::kWgmmaColsPerTile * sizeof(float),
-          false, w.device(), stream));
+          static_cast<size_t>(plan.tail_tiles) * static_cast<size_t>(plan.tail_split) * tile_bytes, false,
+          w.device(), stream));
     } else if (plan.split_k > 1) {
       a.partial = static_cast<float*>(workspace.scratch(
           2, static_cast<size_t>(M * w.N_padded()) * static_cast<size_t>(plan.split_k) * sizeof(float), false,
           w.device(), stream));
     }
-    if (plan.tail_tiles > 0 || plan.split_k > 1)
+    if (plan.stream_k_ctas > 0 || plan.tail_tiles > 0 || plan.split_k > 1)
       a.counters = static_cast<int*>(
           workspace.scratch(3, static_cast<size_t>(tiles) * sizeof(int), true, w.device(), stream));
     w4a16_detail::launch_wgmma(a, plan.rows_per_pass, bf16, w.float_zero(), stream);

@@ -45,6 +45,11 @@ struct TiledGemmArgs {
   // spreads that wave's work over the SMs. 0: every tile split split_k ways.
   int tail_tiles;
   int tail_split;
+  // wgmma, 0 otherwise: stream-K over this many CTAs (>= the tile count;
+  // split_k 1, no tail tiles): the grid's k-iterations, tile after tile,
+  // cut into equal contiguous ranges (w4a16_wave_rule.h). Partials: one
+  // slot of a whole tile's accumulators per CTA; counters: one per tile.
+  int stream_k_ctas;
   int64_t x_up_offset;  // gemv: 0, or x holds gate | up and the kernel reads silu(gate) * up (up at x + x_up_offset)
   // gemv, W4A16Options: residual add in the epilogue (y read and written)
   // with per-row sums of squares per column block out, and RMSNorm of x.

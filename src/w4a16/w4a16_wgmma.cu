@@ -36,6 +36,9 @@
 //     iterations and one dequantizes while the other's wgmma runs.
 //   - Small grids (few column tiles at large K) split K over CTAs; the last
 //     CTA of a tile sums the partials in a fixed order (deterministic).
+//     Grids of less than one wave of 64+-row tiles may instead run
+//     stream-K (WgmmaWork below): equal K ranges over the whole grid, so a
+//     CTA may finish one tile and start the next in one pipeline.
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -120,17 +123,48 @@ __device__ __forceinline__ void fence_accumulators(float (&d)[N]) {
 // its fix-up overlaps the whole tiles. Its CTAs are in split-major order, as
 // in the uniform grid: neighbouring column tiles' weights of one k-range are
 // contiguous.
+//
+// Every path is also described as a range of the grid's k-iterations, tile
+// after tile (iteration tile * iters + k): [first, first + n). On the split
+// and tail paths the range lies in one tile. With stream-K (args.stream_k_ctas
+// = G > 0, G >= tiles) the tiles x iters iterations are cut into G ranges of
+// equal length (to one), one per CTA (split = 0, n_splits = 1 then): a range
+// covers the end of one tile and the start of the next at most, and the
+// pipeline runs through the boundary without draining.
 struct WgmmaWork {
   int row_tile, col_tile, tile;  // tile = col_tile * row tiles + row_tile
   int split, n_splits;
   bool tail;
   int tail_index;  // tail tiles: 0 .. tail_tiles - 1
+  int first, n;    // the CTA's k-iterations, in the grid's order
 };
+
+// Stream-K: the first iteration of CTA b's range, and the CTA whose range
+// holds iteration `it` (the largest b with stream_k_begin(b) <= it). (Only
+// where the kernel body is, like the helpers above.)
+#if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ int stream_k_begin(int b, int total, int ctas) {
+  return static_cast<int>(static_cast<int64_t>(b) * total / ctas);
+}
+__device__ __forceinline__ int stream_k_cta_of(int it, int total, int ctas) {
+  return static_cast<int>(((static_cast<int64_t>(it) + 1) * ctas - 1) / total);
+}
+#endif
 
 template <int kMTile>
 __device__ __forceinline__ WgmmaWork wgmma_work(const WgmmaArgs& args) {
   const int row_tiles = (args.M + kMTile - 1) / kMTile;
   WgmmaWork w{};
+  if (kMTile >= kWgmmaMinTailRows && args.stream_k_ctas > 0) {
+    const int total = row_tiles * ((args.N_pad + 127) / 128) * args.iters;
+    w.first = stream_k_begin(blockIdx.x, total, args.stream_k_ctas);
+    w.n = stream_k_begin(blockIdx.x + 1, total, args.stream_k_ctas) - w.first;
+    w.row_tile = (w.first / args.iters) % row_tiles;
+    w.col_tile = (w.first / args.iters) / row_tiles;
+    w.tile = w.first / args.iters;
+    w.n_splits = 1;
+    return w;
+  }
   if (args.tail_tiles == 0) {
     w.row_tile = blockIdx.x;
     w.col_tile = blockIdx.y;
@@ -155,6 +189,10 @@ __device__ __forceinline__ WgmmaWork wgmma_work(const WgmmaArgs& args) {
     w.col_tile = tile / row_tiles;
   }
   w.tile = w.col_tile * row_tiles + w.row_tile;
+  const int it_begin = static_cast<int>(static_cast<int64_t>(w.split) * args.iters / w.n_splits);
+  const int it_end = static_cast<int>(static_cast<int64_t>(w.split + 1) * args.iters / w.n_splits);
+  w.first = w.tile * args.iters + it_begin;
+  w.n = it_end - it_begin;
   return w;
 }
 
@@ -179,14 +217,17 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>)
   const int tid = threadIdx.x, wg = tid / 128, lt = tid % 128, warp = lt / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
   const WgmmaWork work = wgmma_work<kMTile>(args);
-  const int m0 = work.row_tile * kMTile;
+  const int row_tiles = (args.M + kMTile - 1) / kMTile;
   const int n_blocks = args.N_pad / 64;
-  const int nb = work.col_tile * 2 + wg;  // this warpgroup's 64-column block
-  const bool active = nb < n_blocks;      // uniform per warpgroup: the last tile may have one block only
   const int split = work.split, n_splits = work.n_splits;
-  const int it_begin = static_cast<int>(static_cast<int64_t>(split) * args.iters / n_splits);
-  const int it_end = static_cast<int>(static_cast<int64_t>(split + 1) * args.iters / n_splits);
-  const int n = it_end - it_begin;
+  const int n = work.n;
+  // Iterations of the range's first tile (all of them except with stream-K).
+  const int first_piece = min(n, (work.tile + 1) * args.iters - work.first);
+  // The output tile being computed: its first row, and this warpgroup's
+  // 64-column block, which the last column tile may not have (uniform per
+  // warpgroup).
+  int m0 = work.row_tile * kMTile, nb = work.col_tile * 2 + wg;
+  bool active = nb < n_blocks;
 
   auto stage_x = [&](int s) { return smem + s * S::kStageBytes; };
   auto stage_w = [&](int s) { return reinterpret_cast<uint4*>(smem + s * S::kStageBytes + S::kXBytes); };
@@ -208,8 +249,23 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>)
   // use of that slot by iteration i - kStages has been released by both
   // warpgroups. Weights of the tile's (one or two) column blocks are
   // contiguous, and so are a group's scale/zero pairs of those columns.
+  // Local iteration i < first_piece is k-iteration k_first + i of the
+  // CTA's tile; with stream-K, iteration i >= first_piece is k-iteration
+  // i - first_piece of the next tile.
+  struct StageSource {
+    int k_it, col_tile, m0;
+    uint32_t w_bytes, sz_bytes;
+  };
+  const int k_first = work.first - work.tile * args.iters;
   const int tile_blocks = min(2, n_blocks - work.col_tile * 2);
   const uint32_t w_bytes = tile_blocks * 128 * 16, sz_bytes = tile_blocks * 64 * 4;
+  auto stage_source = [&](int i) {
+    if (kMTile < kWgmmaMinTailRows || i < first_piece)
+      return StageSource{k_first + i, work.col_tile, work.row_tile * kMTile, w_bytes, sz_bytes};
+    const int tile = work.tile + 1, col_tile = tile / row_tiles, blocks = min(2, n_blocks - col_tile * 2);
+    return StageSource{i - first_piece, col_tile, tile % row_tiles * kMTile,
+                       static_cast<uint32_t>(blocks * 128 * 16), static_cast<uint32_t>(blocks * 64 * 4)};
+  };
   // Rows k0 and k0 + 32 share their scales unless the group is 32 rows: one
   // scale copy then, not two. At decode a stage is only 4 KB of weights, and
   // the copy engine's cost per copy shows (bench_hbm_stream: 4 KB stages with
@@ -220,21 +276,22 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>)
   // The weights and scales of stage i (and the stage's whole byte count);
   // x separately, since only x depends on the kernels before this one.
   auto produce_weights = [&](int i) {
-    const int s = i % kStages, it = it_begin + i, k0 = it * 64;
+    const StageSource src = stage_source(i);
+    const int s = i % kStages, it = src.k_it, k0 = it * 64;
     if (i >= kStages) mbar_wait(&empty[s], ((i / kStages) + 1) & 1);
-    mbar_arrive_expect_tx(&full[s], x_box_rows<kMTile>(args.M) * 128 + w_bytes + sz_parts * sz_bytes);
-    bulk_load(stage_w(s), args.qweight + (static_cast<int64_t>(it) * n_blocks + work.col_tile * 2) * 128,
-              w_bytes, &full[s]);
+    mbar_arrive_expect_tx(&full[s], x_box_rows<kMTile>(args.M) * 128 + src.w_bytes + sz_parts * src.sz_bytes);
+    bulk_load(stage_w(s), args.qweight + (static_cast<int64_t>(it) * n_blocks + src.col_tile * 2) * 128,
+              src.w_bytes, &full[s]);
     for (int part = 0; part < sz_parts; ++part) {  // the groups of rows k0 and k0 + 32
       const int group = args.group_shift < 0 ? 0 : (k0 + 32 * part) >> args.group_shift;
       bulk_load(stage_sz(s) + part * 128,
-                args.scale_zero + static_cast<int64_t>(group) * args.N_pad + work.col_tile * 128, sz_bytes,
+                args.scale_zero + static_cast<int64_t>(group) * args.N_pad + src.col_tile * 128, src.sz_bytes,
                 &full[s]);
     }
   };
   auto produce_x = [&](int i) {
-    const int s = i % kStages;
-    tma_load_2d(stage_x(s), &x_map, (it_begin + i) * 64, m0, &full[s]);
+    const StageSource src = stage_source(i);
+    tma_load_2d(stage_x(i % kStages), &x_map, src.k_it * 64, src.m0, &full[i % kStages]);
   };
   auto produce = [&](int i) {
     produce_weights(i);
@@ -251,6 +308,106 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>)
   if (tid == 0)
     for (int i = 0; i < kAhead && i < n; ++i) produce_x(i);
   const int col0 = warp * 16 + g, col1 = col0 + 8;  // this lane's columns within the 64-column block
+  // Accumulator i*4 + e: W^T row g (+8 for e >= 2) = output column, x row
+  // 8i + 2t (+1 for odd e) = output row.
+  T* y = static_cast<T*>(args.y);
+  auto for_each_output = [&](auto&& f) {
+    if (!active) return;
+    const int block_col = nb * 64;
+#pragma unroll
+    for (int i = 0; i < kAcc / 4; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = m0 + 8 * i + 2 * t + (e & 1);
+        const int col = block_col + (e >= 2 ? col1 : col0);
+        if (row < args.M) f(row, col, acc[4 * i + e]);
+      }
+  };
+  auto store_y = [&] {
+    for_each_output([&](int row, int col, float v) {
+      if (col < args.N) y[static_cast<int64_t>(row) * args.ldy + col] = from_float<T>(v);
+    });
+  };
+  // Tail tiles and stream-K store a tile's partials in the accumulators' own
+  // order ([slot][quad][thread] float4), so that the CTA that sums them reads
+  // each slot with kAcc / 4 independent 16-byte loads per thread: the fix-up
+  // is then bound by L2 bandwidth (~128 KB per slot for the 256-row tile),
+  // not by a chain of round trips, and its cost is what the plan's split
+  // choice weighs against the shorter K range.
+  constexpr int kQuads = kAcc / 4;
+  constexpr int64_t kSlotFloat4s = int64_t{kQuads} * kThreads;
+  auto store_partial = [&](float4* slot) {
+#pragma unroll
+    for (int q = 0; q < kQuads; ++q)
+      __stcg(slot + q * kThreads, make_float4(acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]));
+  };
+  // acc += slots first, first + 1, ..., first + count - 1, in that order
+  // (the same bits whichever CTA sums), kChunk quads of two slots per round:
+  // 16 loads in flight per thread beside the 256-row tile's 128 accumulators
+  // (210 registers of its 255), 8 for the smaller tiles, which run two CTAs
+  // per SM within 128 registers.
+  auto add_partials = [&](const float4* first, int count) {
+    constexpr int kChunk = kMTile == 256 ? 8 : 4;
+#pragma unroll
+    for (int q0 = 0; q0 < kQuads; q0 += kChunk) {
+      int sp = 0;
+      for (; sp + 1 < count; sp += 2) {
+        float4 a0[kChunk], a1[kChunk];
+#pragma unroll
+        for (int q = 0; q < kChunk; ++q) {
+          a0[q] = __ldcg(first + sp * kSlotFloat4s + (q0 + q) * kThreads);
+          a1[q] = __ldcg(first + (sp + 1) * kSlotFloat4s + (q0 + q) * kThreads);
+        }
+#pragma unroll
+        for (int q = 0; q < kChunk; ++q) {
+          add_quad(acc, 4 * (q0 + q), a0[q]);
+          add_quad(acc, 4 * (q0 + q), a1[q]);
+        }
+      }
+      if (sp < count) {
+#pragma unroll
+        for (int q = 0; q < kChunk; ++q)
+          add_quad(acc, 4 * (q0 + q), __ldcg(first + sp * kSlotFloat4s + (q0 + q) * kThreads));
+      }
+    }
+  };
+  // Stream-K: the end of a piece of `tile`, its k-iterations [k_begin,
+  // k_begin + len). A whole tile is stored. Any other piece but the first
+  // (k_begin > 0) is at the start of its CTA's range: it stores its partial
+  // in the CTA's slot and counts itself on the tile's flag, without waiting
+  // for anything. The first piece ends its CTA's range, so by the time it is
+  // done the later pieces (the starts of the next CTAs' ranges) are
+  // normally long stored: its CTA waits for their count, adds their slots
+  // in CTA order (a fixed order: the same bits every call) to its own
+  // accumulators and stores the tile. No CTA that waits holds up a piece it
+  // waits for, so the grid cannot deadlock even when not all of it is
+  // resident.
+  auto publish_stream_k_partial = [&](int tile) {
+    store_partial(reinterpret_cast<float4*>(args.partial) + blockIdx.x * kSlotFloat4s + tid);
+    __syncthreads();  // every thread's partials are stored before thread 0's release
+    if (tid == 0) red_add_release_gpu(args.counters + tile, 1);
+  };
+  auto finish_stream_k_piece = [&](int tile, int k_begin, int len) {
+    if (k_begin == 0 && len == args.iters) {
+      store_y();
+      return;
+    }
+    if (k_begin > 0) {
+      publish_stream_k_partial(tile);
+      return;
+    }
+    float4* slots = reinterpret_cast<float4*>(args.partial) + tid;
+    int* flag = args.counters + tile;
+    const int total = row_tiles * ((args.N_pad + 127) / 128) * args.iters;
+    const int others =
+        stream_k_cta_of((tile + 1) * args.iters - 1, total, args.stream_k_ctas) - static_cast<int>(blockIdx.x);
+    if (tid == 0)
+      while (load_acquire_gpu(flag) < others) __nanosleep(100);
+    __syncthreads();
+    add_partials(slots + (blockIdx.x + 1) * kSlotFloat4s, others);
+    store_y();
+    if (tid == 0) *flag = 0;  // ready for the next call
+  };
   const uint32_t smem_base = smem_address(smem);
   const uint32_t full_bar = smem_address(&full[0]), empty_bar = smem_address(&empty[0]);  // converted once
 
@@ -302,80 +459,45 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>)
     wgmma_wait<0>();
     fence_accumulators(acc);
     mbar_arrive(empty_bar + 8 * s);
+    if constexpr (kMTile >= kWgmmaMinTailRows)
+      if (j + 1 == first_piece && first_piece < n) {
+        // Stream-K: the range's first tile ends here, and since the range
+        // goes on it did not start at k = 0 (ranges are at most a tile long).
+        publish_stream_k_partial(work.tile);
+#pragma unroll
+        for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+        const int tile = work.tile + 1;
+        m0 = (tile % row_tiles) * kMTile;
+        nb = tile / row_tiles * 2 + wg;
+        active = nb < n_blocks;
+      }
   }
 
-  // Accumulator i*4 + e: W^T row g (+8 for e >= 2) = output column, x row
-  // 8i + 2t (+1 for odd e) = output row.
-  T* y = static_cast<T*>(args.y);
-  const int block_col = nb * 64;
-  auto for_each_output = [&](auto&& f) {
-    if (!active) return;
-#pragma unroll
-    for (int i = 0; i < kAcc / 4; ++i)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = m0 + 8 * i + 2 * t + (e & 1);
-        const int col = block_col + (e >= 2 ? col1 : col0);
-        if (row < args.M) f(row, col, acc[4 * i + e]);
-      }
-  };
-  auto store_y = [&] {
-    for_each_output([&](int row, int col, float v) {
-      if (col < args.N) y[static_cast<int64_t>(row) * args.ldy + col] = from_float<T>(v);
-    });
-  };
+  if constexpr (kMTile >= kWgmmaMinTailRows)
+    if (args.stream_k_ctas > 0) {
+      if (first_piece < n)
+        finish_stream_k_piece(work.tile + 1, 0, n - first_piece);
+      else
+        finish_stream_k_piece(work.tile, k_first, n);
+      return;
+    }
+
   if (n_splits == 1) {
     store_y();
     return;
   }
   int* counter = args.counters + work.tile;
   if constexpr (kMTile >= kWgmmaMinTailRows) if (work.tail) {
-    // A tail tile's partials are stored in the accumulators' own order
-    // ([split][quad][thread] float4), so that the last CTA reads each split's
-    // with kAcc / 4 independent 16-byte loads per thread: the fix-up is then
-    // bound by L2 bandwidth (~128 KB per split for the 256-row tile), not by
-    // a chain of round trips, and its cost is what the plan's split choice
-    // weighs against the shorter K range.
-    constexpr int kQuads = kAcc / 4;
-    float4* slots = reinterpret_cast<float4*>(args.partial) +
-                    static_cast<int64_t>(work.tail_index) * n_splits * kQuads * kThreads + tid;
-    float4* mine = slots + static_cast<int64_t>(split) * kQuads * kThreads;
-#pragma unroll
-    for (int q = 0; q < kQuads; ++q)
-      __stcg(mine + q * kThreads, make_float4(acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]));
+    // A tail tile's slots: [tail_index][split].
+    float4* slots = reinterpret_cast<float4*>(args.partial) + work.tail_index * n_splits * kSlotFloat4s + tid;
+    store_partial(slots + split * kSlotFloat4s);
     __syncthreads();  // every thread's partials are stored before thread 0's release
     if (tid == 0) last_cta = atomic_add_acq_rel_gpu(counter, 1) == n_splits - 1;
     __syncthreads();
     if (!last_cta) return;
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
-    // Splits in order (the same bits whichever CTA is last), kChunk quads of
-    // two splits per round: 16 loads in flight per thread beside the 256-row
-    // tile's 128 accumulators (210 registers of its 255), 8 for the smaller
-    // tiles, which run two CTAs per SM within 128 registers.
-    constexpr int kChunk = kMTile == 256 ? 8 : 4;
-#pragma unroll
-    for (int q0 = 0; q0 < kQuads; q0 += kChunk) {
-      int sp = 0;
-      for (; sp + 1 < n_splits; sp += 2) {
-        float4 a0[kChunk], a1[kChunk];
-#pragma unroll
-        for (int q = 0; q < kChunk; ++q) {
-          a0[q] = __ldcg(slots + (static_cast<int64_t>(sp) * kQuads + q0 + q) * kThreads);
-          a1[q] = __ldcg(slots + (static_cast<int64_t>(sp + 1) * kQuads + q0 + q) * kThreads);
-        }
-#pragma unroll
-        for (int q = 0; q < kChunk; ++q) {
-          add_quad(acc, 4 * (q0 + q), a0[q]);
-          add_quad(acc, 4 * (q0 + q), a1[q]);
-        }
-      }
-      if (sp < n_splits) {
-#pragma unroll
-        for (int q = 0; q < kChunk; ++q)
-          add_quad(acc, 4 * (q0 + q), __ldcg(slots + (static_cast<int64_t>(sp) * kQuads + q0 + q) * kThreads));
-      }
-    }
+    add_partials(slots, n_splits);
     store_y();
     if (tid == 0) *counter = 0;  // ready for the next call
     return;
@@ -474,7 +596,8 @@ void launch_typed(const WgmmaArgs& args, cudaStream_t stream) {
   const CUtensorMap map = encode_x_tensor_map(args, x_box_rows<kMTile>(args.M), std::is_same_v<T, __nv_bfloat16>);
   const unsigned row_tiles = static_cast<unsigned>((args.M + kMTile - 1) / kMTile);
   const unsigned col_tiles = static_cast<unsigned>((args.N_pad + 127) / 128);
-  const dim3 grid = args.tail_tiles == 0
+  const dim3 grid = args.stream_k_ctas > 0 ? dim3(static_cast<unsigned>(args.stream_k_ctas))
+                    : args.tail_tiles == 0
                         ? dim3(row_tiles, col_tiles, static_cast<unsigned>(args.split_k))
                         : dim3(row_tiles * col_tiles - static_cast<unsigned>(args.tail_tiles) +
                                static_cast<unsigned>(args.tail_tiles * args.tail_split));
@@ -597,6 +720,14 @@ void launch_wgmma(const WgmmaArgs& args, int rows_per_tile, bool bf16, bool floa
     fail(ErrorKind::internal, "W4A16 wgmma: tail tiles need tiles of ", kWgmmaMinTailRows,
          "+ rows, split_k 1 and a tail split >= 2 (rows ", rows_per_tile, ", split_k ", args.split_k,
          ", tail split ", args.tail_split, ")");
+  const int64_t tiles = (int64_t{args.M} + rows_per_tile - 1) / rows_per_tile * ((args.N_pad + 127) / 128);
+  if (args.stream_k_ctas > 0 &&
+      (rows_per_tile < kWgmmaMinTailRows || args.split_k != 1 || args.tail_tiles != 0 ||
+       args.stream_k_ctas < tiles || args.stream_k_ctas > tiles * args.iters))
+    fail(ErrorKind::internal, "W4A16 wgmma: stream-K needs tiles of ", kWgmmaMinTailRows,
+         "+ rows, split_k 1, no tail tiles and between one CTA per tile and one per k-iteration (rows ",
+         rows_per_tile, ", split_k ", args.split_k, ", tail tiles ", args.tail_tiles, ", CTAs ",
+         args.stream_k_ctas, ", tiles ", tiles, ", k-iterations per tile ", args.iters, ")");
   if (bf16) {
     if (float_zero)
       launch_rows<__nv_bfloat16, true>(args, rows_per_tile, stream);

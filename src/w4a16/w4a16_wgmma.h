@@ -26,7 +26,8 @@ int wgmma_ctas_per_sm(int rows_per_tile, bool bf16);
 // their kernels do not carry the tail's fix-up code.
 inline constexpr int kWgmmaMinTailRows = 64;
 // grid = (ceil(M / rows_per_tile), ceil(N_pad / 128), split_k), or with tail
-// tiles one CTA per whole tile plus tail_split per tail tile.
+// tiles one CTA per whole tile plus tail_split per tail tile, or with
+// stream-K stream_k_ctas CTAs (tiles of kWgmmaMinTailRows+ rows as well).
 void launch_wgmma(const WgmmaArgs& args, int rows_per_tile, bool bf16, bool float_zero, cudaStream_t stream);
 
 }  // namespace lowbit::w4a16_detail

@@ -16,6 +16,7 @@
 #include "gpu_test_util.h"
 #include "lowbit/core/half.h"
 #include "lowbit/cuda/check.h"
+#include "lowbit/cuda/device.h"
 #include "lowbit/formats/dequant_ref.h"
 #include "lowbit/kv/rotation.h"
 #include "lowbit/ops/layer_ops_cuda.h"
@@ -901,6 +902,62 @@ TEST(W4A16Gemm, WgmmaTailTilesSplitAlongK) {
   bad.tail_split = -1;
   EXPECT_TRUE(test::throws_error([&] { (void)w4a16_plan(256, gate_up, bad); }, ErrorKind::invalid_argument,
                                  {"tail_split"}));
+}
+
+TEST(W4A16Gemm, WgmmaStreamKRangesAcrossTiles) {
+  LOWBIT_REQUIRE_GPU();
+  if (!w4a16_wgmma_available()) GTEST_SKIP() << "no sm_90a device/build (WgmmaRunsOnComputeCapability9 checks)";
+  W4A16Workspace ws;
+  uint64_t seed = 140;
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    const ZeroKind kind = dtype == DType::f16 ? ZeroKind::asym : ZeroKind::float_min_f16;
+    // 15 column blocks of 64: the last column tile has one block only.
+    const auto layer = test::random_layer(3584, 950, 128, kind, seed++);
+    const W4A16Weights w = W4A16Weights::prepare(layer, dtype);
+    const Problem p = make_problem(300, layer, dtype, seed++);
+    const int iters = static_cast<int>(w.K_padded() / 64);
+    for (int rows : {64, 128, 256}) {
+      const int tiles = (p.M + rows - 1) / rows * 8;
+      // One CTA per tile (no partials); one more (every range but one
+      // crosses a tile boundary); about two and five per tile (first, middle
+      // and last pieces); one per k-iteration for the 256-row tile.
+      std::vector<int> ctas = {tiles, tiles + 1, 2 * tiles + 3, 5 * tiles + 1};
+      if (rows == 256) ctas.push_back(tiles * iters);
+      for (int g : ctas) {
+        SCOPED_TRACE(testing::Message() << dtype_name(dtype) << " rows " << rows << " tiles " << tiles << " CTAs "
+                                        << g);
+        W4A16Options o{W4A16Strategy::wgmma, 0};
+        o.rows_per_tile = rows;
+        o.stream_k_ctas = g;
+        const W4A16Plan plan = w4a16_plan(p.M, w, o);
+        ASSERT_EQ(plan.stream_k_ctas, g);
+        EXPECT_EQ(plan.split_k, 1);
+        EXPECT_EQ(plan.tail_tiles, 0);
+        const auto first = run_gpu(p, w, ws, o);
+        EXPECT_TRUE(matches_reference(p, first));
+        EXPECT_EQ(run_gpu(p, w, ws, o), first);  // each tile is summed in a fixed order
+      }
+    }
+  }
+  // The rule's own choice on Qwen3-14B's down projection at 512 rows: 80
+  // tiles of 256 rows, fewer than a wave on an H100 (132 SMs), one whole
+  // tile per CTA under the uniform split.
+  const W4A16Weights down = W4A16Weights::random(17408, 5120, 128, DType::f16, 8);
+  const int sms = cuda_device_info(0).sm_count;
+  if (sms > 80) {
+    const W4A16Plan plan = w4a16_plan(512, down);
+    EXPECT_EQ(plan.strategy, W4A16Strategy::wgmma);
+    EXPECT_EQ(plan.stream_k_ctas, sms);
+    EXPECT_EQ(plan.split_k, 1);
+  }
+  EXPECT_EQ(w4a16_plan(512, down, {W4A16Strategy::wgmma, 2}).stream_k_ctas, 0);
+  W4A16Options none{W4A16Strategy::wgmma, 0};
+  none.stream_k_ctas = 1;
+  EXPECT_EQ(w4a16_plan(512, down, none).stream_k_ctas, 0);
+  W4A16Options bad{W4A16Strategy::wgmma, 0};
+  bad.stream_k_ctas = -1;
+  EXPECT_TRUE(test::throws_error([&] { (void)w4a16_plan(512, down, bad); }, ErrorKind::invalid_argument,
+                                 {"stream_k_ctas"}));
 }
 
 TEST(W4A16Gemm, BadArgumentsAreNamed) {

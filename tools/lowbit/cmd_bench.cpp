@@ -66,6 +66,14 @@ void add_bench_command(CLI::App& app) {
                    "this many ways along K (1: no split; points without such tiles are skipped; sm_90a only)")
       ->delimiter(',')
       ->check(CLI::PositiveNumber);
+  gemm->add_option("--wgmma-stream-k", options.wgmma_stream_k_ctas,
+                   "Also time the wgmma strategy with stream-K over this many CTAs (1: none, the uniform K "
+                   "split; points with a wave of tiles or more are skipped; sm_90a only)")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
+  gemm->add_flag("--read-floor", options.read_floor,
+                 "Also time, at M <= 64, a kernel that only reads as many bytes as the W4 weights and scales "
+                 "(row read_floor): the most any W4A16 kernel could gain over cuBLAS under the same timing");
   add_l2_flush_option(*gemm, options.flush_by_reading);
   gemm->callback([] {
     options.dtype = dtype == "bf16" ? DType::bf16 : DType::f16;

@@ -47,6 +47,10 @@ void add_bench_attention_command(CLI::App& bench) {
                   "read by a query rotation kernel and by the output's un-rotation)")
       ->check(CLI::IsMember({"haar", "hadamard"}))
       ->capture_default_str();
+  cmd->add_flag("--read-floor", options.read_floor,
+                "Also time a kernel that only reads the tq4 cache's bytes at each point (row read_floor; "
+                "summary columns 'floor us' and 'floor/SDPA'): the ceiling of any tq4 decode kernel under the "
+                "same timing");
   cmd->add_flag("!--no-cluster-merge", options.cluster_merge,
                 "Merge the KV chunks with the merge kernel even where a cluster of the attention's CTAs could\n"
                 "(rows of at most 8 chunks)");

@@ -41,6 +41,14 @@ struct W4A16BenchOptions {
   // (W4A16Options::tail_split) forced to S, 1 meaning none; only at points
   // whose plan has leftover tiles to split.
   std::vector<int> wgmma_tail_splits;
+  // Extra rows "lowbit_wgmma_sk<G>": the wgmma strategy with stream-K over
+  // G CTAs forced (W4A16Options::stream_k_ctas), 1 meaning none; only at
+  // points whose grid has fewer tiles than a wave.
+  std::vector<int> wgmma_stream_k_ctas;
+  // Extra rows "read_floor" at M <= 64: a kernel that only reads as many
+  // bytes as the W4 weights and scales, timed the same way: the ceiling of
+  // any W4A16 kernel's speedup under this timer and flush.
+  bool read_floor = false;
   // Evict L2 between calls by reading a large buffer (clean lines) rather
   // than writing it (dirty lines whose write-back the timed call pays; the
   // peers' anchors were taken that way): see CudaTimerOptions.

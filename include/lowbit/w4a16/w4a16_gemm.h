@@ -165,6 +165,13 @@ struct W4A16Options {
   // that split; 1: no tail split (the rule before it). Ignored when split_k
   // is given. For tests and benchmark comparisons.
   int tail_split = 0;
+  // wgmma only, tiles of 64 rows and more, grids of fewer tiles than one
+  // wave of resident CTAs: stream-K over this many CTAs
+  // (choose_wgmma_stream_k, w4a16_wave_rule.h; clamped to between one CTA
+  // per tile and one per k-iteration). 0: the rule's choice; 1: none (the
+  // uniform K split). Ignored when split_k is given. For tests and
+  // benchmark comparisons.
+  int stream_k_ctas = 0;
   // x is [M, 2K]: a gate half then an up half, and the GEMM multiplies
   // silu(gate) * up, each rounded to the activation dtype (the values
   // ops::silu_mul stores), by the weights: a decode step's SiLU fused into
@@ -220,6 +227,8 @@ struct W4A16Plan {
   // is then 1); 0: none.
   int64_t tail_tiles = 0;
   int tail_split = 1;
+  // wgmma: stream-K over this many CTAs (split_k is then 1); 0: none.
+  int64_t stream_k_ctas = 0;
 };
 W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& options = {});
 

@@ -37,6 +37,30 @@ struct WgmmaTailSplit {
 // Error(invalid_argument) for tiles, wave or iters < 1 or forced < 0.
 WgmmaTailSplit choose_wgmma_tail(int64_t tiles, int64_t wave, int iters, int forced = 0);
 
+// Stream-K for grids of less than one wave (T < W tiles): the T x iters
+// k-iterations, tile after tile, are cut into G contiguous ranges of equal
+// length (to one iteration), one per CTA, so every SM does the same work
+// whatever T / W is. A CTA's range then covers the end of one tile and the
+// start of the next (G >= T: at most two pieces); the CTA holding a tile's
+// first piece finishes it last and sums the others' partials.
+//
+// Why: the uniform split gives every tile S = floor(W / T) CTAs, so a grid
+// of 80 tiles on 132 SMs (the 5120-column layers at 512 rows) runs 80 CTAs
+// of a whole tile each and leaves 52 SMs idle: 272 k-iterations per CTA for
+// Qwen3-14B's down projection where stream-K needs ceil(80 x 272 / 132) =
+// 165. Where the uniform split already divides the work evenly (T x S close
+// to W) stream-K only adds fix-up, so it is taken only when its cost,
+// ceil(T x iters / W) + 2 kTailFixupIters (a partial written, partials read),
+// is at most kStreamKGain of the uniform split's ceil(iters / uniform_split).
+//
+// Returns G (the CTAs), or 0 for none. forced >= 2: that many CTAs, clamped
+// to [T, T x iters] (at least one k-iteration per CTA and at most two pieces
+// per CTA), wherever T < W; forced == 1: never; forced == 0: the rule.
+// Error(invalid_argument) for tiles, wave, iters or uniform_split < 1 or
+// forced < 0.
+int64_t choose_wgmma_stream_k(int64_t tiles, int64_t wave, int iters, int64_t uniform_split, int64_t forced = 0);
+inline constexpr double kStreamKGain = 0.85;
+
 // Per split, what its partials cost in k-iterations of a whole tile (an
 // estimate: ~1.2 us to move one 256 x 128 fp32 partial through L2, ~0.8-0.9
 // us per k-iteration of the 256-row tile on the H100).
