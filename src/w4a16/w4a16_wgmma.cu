@@ -124,19 +124,19 @@ __device__ __forceinline__ void fence_accumulators(float (&d)[N]) {
 // in the uniform grid: neighbouring column tiles' weights of one k-range are
 // contiguous.
 //
-// Every path is also described as a range of the grid's k-iterations, tile
-// after tile (iteration tile * iters + k): [first, first + n). On the split
-// and tail paths the range lies in one tile. With stream-K (args.stream_k_ctas
-// = G > 0, G >= tiles) the tiles x iters iterations are cut into G ranges of
-// equal length (to one), one per CTA (split = 0, n_splits = 1 then): a range
-// covers the end of one tile and the start of the next at most, and the
-// pipeline runs through the boundary without draining.
+// With stream-K (args.stream_k_ctas = G > 0, G >= tiles; the kernels
+// instantiated with kStreamK) the tiles x iters k-iterations of the grid,
+// tile after tile (iteration tile * iters + k), are cut into G ranges of
+// equal length (to one), [first, first + n), one per CTA (split = 0,
+// n_splits = 1, and tile the tile of `first`): a range covers the end of one
+// tile and the start of the next at most, and the pipeline runs through the
+// boundary without draining.
 struct WgmmaWork {
   int row_tile, col_tile, tile;  // tile = col_tile * row tiles + row_tile
   int split, n_splits;
   bool tail;
   int tail_index;  // tail tiles: 0 .. tail_tiles - 1
-  int first, n;    // the CTA's k-iterations, in the grid's order
+  int first, n;    // stream-K: the CTA's k-iterations, in the grid's order
 };
 
 // Stream-K: the first iteration of CTA b's range, and the CTA whose range
@@ -151,11 +151,11 @@ __device__ __forceinline__ int stream_k_cta_of(int it, int total, int ctas) {
 }
 #endif
 
-template <int kMTile>
+template <int kMTile, bool kStreamK>
 __device__ __forceinline__ WgmmaWork wgmma_work(const WgmmaArgs& args) {
   const int row_tiles = (args.M + kMTile - 1) / kMTile;
   WgmmaWork w{};
-  if (kMTile >= kWgmmaMinTailRows && args.stream_k_ctas > 0) {
+  if constexpr (kStreamK) {
     const int total = row_tiles * ((args.N_pad + 127) / 128) * args.iters;
     w.first = stream_k_begin(blockIdx.x, total, args.stream_k_ctas);
     w.n = stream_k_begin(blockIdx.x + 1, total, args.stream_k_ctas) - w.first;
@@ -189,10 +189,6 @@ __device__ __forceinline__ WgmmaWork wgmma_work(const WgmmaArgs& args) {
     w.col_tile = tile / row_tiles;
   }
   w.tile = w.col_tile * row_tiles + w.row_tile;
-  const int it_begin = static_cast<int>(static_cast<int64_t>(w.split) * args.iters / w.n_splits);
-  const int it_end = static_cast<int>(static_cast<int64_t>(w.split + 1) * args.iters / w.n_splits);
-  w.first = w.tile * args.iters + it_begin;
-  w.n = it_end - it_begin;
   return w;
 }
 
@@ -202,9 +198,14 @@ __device__ __forceinline__ WgmmaWork wgmma_work(const WgmmaArgs& args) {
 template <int kMTile>
 constexpr int kMinCtasPerSm = kMTile == 256 ? 1 : (kMTile >= 64 ? 2 : 4);
 
-template <typename T, int kMTile, bool kFloatZero>
+// kStreamK: a separate instantiation (64+-row tiles only), so that the
+// kernels of the other paths carry none of its code: the piece boundary in
+// the K loop and its bookkeeping changed the 256-row kernel's code enough to
+// cost 4-9% on grids that never take it (measured on the H100).
+template <typename T, int kMTile, bool kFloatZero, bool kStreamK>
 __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>)
     w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap x_map, const WgmmaArgs args) {
+  static_assert(!kStreamK || kMTile >= kWgmmaMinTailRows, "stream-K runs tiles of 64 rows and more");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using S = Smem<kMTile>;
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
@@ -216,13 +217,23 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>)
 
   const int tid = threadIdx.x, wg = tid / 128, lt = tid % 128, warp = lt / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
-  const WgmmaWork work = wgmma_work<kMTile>(args);
+  const WgmmaWork work = wgmma_work<kMTile, kStreamK>(args);
   const int row_tiles = (args.M + kMTile - 1) / kMTile;
   const int n_blocks = args.N_pad / 64;
   const int split = work.split, n_splits = work.n_splits;
-  const int n = work.n;
-  // Iterations of the range's first tile (all of them except with stream-K).
-  const int first_piece = min(n, (work.tile + 1) * args.iters - work.first);
+  // The CTA's k-iterations: n from it_begin in its tile; with stream-K the
+  // first first_piece of them, and the rest from k = 0 of the next tile.
+  int it_begin, n, first_piece;
+  if constexpr (kStreamK) {
+    it_begin = work.first - work.tile * args.iters;
+    n = work.n;
+    first_piece = min(n, args.iters - it_begin);
+  } else {
+    it_begin = static_cast<int>(static_cast<int64_t>(split) * args.iters / n_splits);
+    const int it_end = static_cast<int>(static_cast<int64_t>(split + 1) * args.iters / n_splits);
+    n = it_end - it_begin;
+    first_piece = n;
+  }
   // The output tile being computed: its first row, and this warpgroup's
   // 64-column block, which the last column tile may not have (uniform per
   // warpgroup).
@@ -249,19 +260,18 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>)
   // use of that slot by iteration i - kStages has been released by both
   // warpgroups. Weights of the tile's (one or two) column blocks are
   // contiguous, and so are a group's scale/zero pairs of those columns.
-  // Local iteration i < first_piece is k-iteration k_first + i of the
+  // Local iteration i < first_piece is k-iteration it_begin + i of the
   // CTA's tile; with stream-K, iteration i >= first_piece is k-iteration
   // i - first_piece of the next tile.
   struct StageSource {
     int k_it, col_tile, m0;
     uint32_t w_bytes, sz_bytes;
   };
-  const int k_first = work.first - work.tile * args.iters;
   const int tile_blocks = min(2, n_blocks - work.col_tile * 2);
   const uint32_t w_bytes = tile_blocks * 128 * 16, sz_bytes = tile_blocks * 64 * 4;
   auto stage_source = [&](int i) {
-    if (kMTile < kWgmmaMinTailRows || i < first_piece)
-      return StageSource{k_first + i, work.col_tile, work.row_tile * kMTile, w_bytes, sz_bytes};
+    if (!kStreamK || i < first_piece)
+      return StageSource{it_begin + i, work.col_tile, work.row_tile * kMTile, w_bytes, sz_bytes};
     const int tile = work.tile + 1, col_tile = tile / row_tiles, blocks = min(2, n_blocks - col_tile * 2);
     return StageSource{i - first_piece, col_tile, tile % row_tiles * kMTile,
                        static_cast<uint32_t>(blocks * 128 * 16), static_cast<uint32_t>(blocks * 64 * 4)};
@@ -459,7 +469,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>)
     wgmma_wait<0>();
     fence_accumulators(acc);
     mbar_arrive(empty_bar + 8 * s);
-    if constexpr (kMTile >= kWgmmaMinTailRows)
+    if constexpr (kStreamK)
       if (j + 1 == first_piece && first_piece < n) {
         // Stream-K: the range's first tile ends here, and since the range
         // goes on it did not start at k = 0 (ranges are at most a tile long).
@@ -473,14 +483,13 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>)
       }
   }
 
-  if constexpr (kMTile >= kWgmmaMinTailRows)
-    if (args.stream_k_ctas > 0) {
-      if (first_piece < n)
-        finish_stream_k_piece(work.tile + 1, 0, n - first_piece);
-      else
-        finish_stream_k_piece(work.tile, k_first, n);
-      return;
-    }
+  if constexpr (kStreamK) {
+    if (first_piece < n)
+      finish_stream_k_piece(work.tile + 1, 0, n - first_piece);
+    else
+      finish_stream_k_piece(work.tile, it_begin, n);
+    return;
+  }
 
   if (n_splits == 1) {
     store_y();
@@ -550,24 +559,69 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>)
     if (tid == 0) *counter = 0;
     return;
   }
-  for (int base = tid; base < quads; base += 4 * kThreads) {
-    float4 sum[4];
+  if constexpr (kMTile <= 32) {
+    // Decode tiles from 3 rows on (the staged sum above holds 1-2 rows at
+    // split 16): kSplitsInFlight splits of two quads per L2 round trip, not a
+    // split at a time as below, which made the last CTA walk n_splits round
+    // trips (sq4096 at M = 16, split 16: 15.8 against 17.6 us, the small
+    // layers 5-12% faster, on the H100). The accumulators are dead here, so
+    // the registers for the loads are free; the sum is taken in split order
+    // as below (the same bits). The larger tiles keep the loop below: with
+    // this one in their code they were 3-6% slower on grids that never run it.
+    constexpr int kQuadsPerThread = 2, kSplitsInFlight = 4;
+    for (int base = tid; base < quads; base += kQuadsPerThread * kThreads) {
+      float4 sum[kQuadsPerThread];
+      const float4* src[kQuadsPerThread];  // this quad's partial of split 0, or null
 #pragma unroll
-    for (int u = 0; u < 4; ++u) sum[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int sp = 0; sp < n_splits; ++sp)  // fixed order: bitwise reproducible
+      for (int u = 0; u < kQuadsPerThread; ++u) {
+        sum[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        const int q = base + u * kThreads;
+        const int row = m0 + q / 32, col = work.col_tile * 128 + (q % 32) * 4;
+        src[u] = q < quads && col < args.N_pad
+                     ? reinterpret_cast<const float4*>(args.partial + static_cast<int64_t>(row) * args.N_pad + col)
+                     : nullptr;
+      }
+      for (int sp0 = 0; sp0 < n_splits; sp0 += kSplitsInFlight) {  // fixed order: bitwise reproducible
+        float4 v[kSplitsInFlight][kQuadsPerThread];
+#pragma unroll
+        for (int i = 0; i < kSplitsInFlight; ++i)
+#pragma unroll
+          for (int u = 0; u < kQuadsPerThread; ++u)
+            if (src[u] != nullptr && sp0 + i < n_splits)
+              v[i][u] = __ldcg(src[u] + (sp0 + i) * (split_stride / 4));
+#pragma unroll
+        for (int i = 0; i < kSplitsInFlight; ++i)
+#pragma unroll
+          for (int u = 0; u < kQuadsPerThread; ++u)
+            if (src[u] != nullptr && sp0 + i < n_splits) add_to(sum[u], v[i][u]);
+      }
+#pragma unroll
+      for (int u = 0; u < kQuadsPerThread; ++u) {
+        const int q = base + u * kThreads;
+        const int row = m0 + q / 32, col = work.col_tile * 128 + (q % 32) * 4;
+        if (q < quads) store_quad(y + static_cast<int64_t>(row) * args.ldy, col, args.N, sum[u]);
+      }
+    }
+  } else {
+    for (int base = tid; base < quads; base += 4 * kThreads) {
+      float4 sum[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) sum[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      for (int sp = 0; sp < n_splits; ++sp)  // fixed order: bitwise reproducible
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const int q = base + u * kThreads;
+          const int row = m0 + q / 32, col = work.col_tile * 128 + (q % 32) * 4;
+          if (q < quads && col < args.N_pad)
+            add_to(sum[u], __ldcg(reinterpret_cast<const float4*>(args.partial + sp * split_stride +
+                                                                  static_cast<int64_t>(row) * args.N_pad + col)));
+        }
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
         const int q = base + u * kThreads;
         const int row = m0 + q / 32, col = work.col_tile * 128 + (q % 32) * 4;
-        if (q < quads && col < args.N_pad)
-          add_to(sum[u], __ldcg(reinterpret_cast<const float4*>(args.partial + sp * split_stride +
-                                                                static_cast<int64_t>(row) * args.N_pad + col)));
+        if (q < quads) store_quad(y + static_cast<int64_t>(row) * args.ldy, col, args.N, sum[u]);
       }
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const int q = base + u * kThreads;
-      const int row = m0 + q / 32, col = work.col_tile * 128 + (q % 32) * 4;
-      if (q < quads) store_quad(y + static_cast<int64_t>(row) * args.ldy, col, args.N, sum[u]);
     }
   }
   if (tid == 0) *counter = 0;  // ready for the next call
@@ -584,9 +638,9 @@ __global__ void wgmma_probe_kernel(int* out) {
 #endif
 }
 
-template <typename T, int kMTile, bool kFloatZero>
+template <typename T, int kMTile, bool kFloatZero, bool kStreamK = false>
 void launch_typed(const WgmmaArgs& args, cudaStream_t stream) {
-  auto kernel = w4a16_wgmma_kernel<T, kMTile, kFloatZero>;
+  auto kernel = w4a16_wgmma_kernel<T, kMTile, kFloatZero, kStreamK>;
   static bool configured = false;  // per instantiation; the attribute is per device function
   if (!configured) {
     LOWBIT_CUDA_CHECK(
@@ -613,11 +667,14 @@ void launch_rows(const WgmmaArgs& args, int rows_per_tile, cudaStream_t stream) 
     case 32:
       return launch_typed<T, 32, kFloatZero>(args, stream);
     case 64:
-      return launch_typed<T, 64, kFloatZero>(args, stream);
+      return args.stream_k_ctas > 0 ? launch_typed<T, 64, kFloatZero, true>(args, stream)
+                                    : launch_typed<T, 64, kFloatZero>(args, stream);
     case 128:
-      return launch_typed<T, 128, kFloatZero>(args, stream);
+      return args.stream_k_ctas > 0 ? launch_typed<T, 128, kFloatZero, true>(args, stream)
+                                    : launch_typed<T, 128, kFloatZero>(args, stream);
     default:
-      return launch_typed<T, 256, kFloatZero>(args, stream);
+      return args.stream_k_ctas > 0 ? launch_typed<T, 256, kFloatZero, true>(args, stream)
+                                    : launch_typed<T, 256, kFloatZero>(args, stream);
   }
 }
 
@@ -693,24 +750,24 @@ int wgmma_ctas_per_sm(int rows_per_tile, bool bf16) {
   };
   switch (rows_per_tile) {
     case 16:
-      bf16 ? query(w4a16_wgmma_kernel<__nv_bfloat16, 16, false>, Smem<16>::kBytes)
-           : query(w4a16_wgmma_kernel<half, 16, false>, Smem<16>::kBytes);
+      bf16 ? query(w4a16_wgmma_kernel<__nv_bfloat16, 16, false, false>, Smem<16>::kBytes)
+           : query(w4a16_wgmma_kernel<half, 16, false, false>, Smem<16>::kBytes);
       break;
     case 32:
-      bf16 ? query(w4a16_wgmma_kernel<__nv_bfloat16, 32, false>, Smem<32>::kBytes)
-           : query(w4a16_wgmma_kernel<half, 32, false>, Smem<32>::kBytes);
+      bf16 ? query(w4a16_wgmma_kernel<__nv_bfloat16, 32, false, false>, Smem<32>::kBytes)
+           : query(w4a16_wgmma_kernel<half, 32, false, false>, Smem<32>::kBytes);
       break;
     case 64:
-      bf16 ? query(w4a16_wgmma_kernel<__nv_bfloat16, 64, false>, Smem<64>::kBytes)
-           : query(w4a16_wgmma_kernel<half, 64, false>, Smem<64>::kBytes);
+      bf16 ? query(w4a16_wgmma_kernel<__nv_bfloat16, 64, false, false>, Smem<64>::kBytes)
+           : query(w4a16_wgmma_kernel<half, 64, false, false>, Smem<64>::kBytes);
       break;
     case 128:
-      bf16 ? query(w4a16_wgmma_kernel<__nv_bfloat16, 128, false>, Smem<128>::kBytes)
-           : query(w4a16_wgmma_kernel<half, 128, false>, Smem<128>::kBytes);
+      bf16 ? query(w4a16_wgmma_kernel<__nv_bfloat16, 128, false, false>, Smem<128>::kBytes)
+           : query(w4a16_wgmma_kernel<half, 128, false, false>, Smem<128>::kBytes);
       break;
     default:
-      bf16 ? query(w4a16_wgmma_kernel<__nv_bfloat16, 256, false>, Smem<256>::kBytes)
-           : query(w4a16_wgmma_kernel<half, 256, false>, Smem<256>::kBytes);
+      bf16 ? query(w4a16_wgmma_kernel<__nv_bfloat16, 256, false, false>, Smem<256>::kBytes)
+           : query(w4a16_wgmma_kernel<half, 256, false, false>, Smem<256>::kBytes);
   }
   return std::max(1, per_sm);
 }
