@@ -397,6 +397,14 @@ int sm_count(int device) {
   }
   return cached;
 }
+int64_t l2_bytes(int device) {
+  static int cached_device = -1, cached = 0;
+  if (cached_device != device) {
+    LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&cached, cudaDevAttrL2CacheSize, device));
+    cached_device = device;
+  }
+  return std::max(1, cached);
+}
 
 // The problem as the wgmma and gemv kernels take it (partials and counters
 // are filled in by the caller when K is split).
@@ -617,7 +625,8 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
         const bool stream_k = options.split_k <= 0 && tiles < wave &&
                               choose_wgmma_stream_k(tiles, wave, iters,
                                                     std::min<int64_t>(wave / tiles, std::max(1, iters / 4)),
-                                                    options.stream_k_ctas) > 0;
+                                                    options.stream_k_ctas, M * w.K_padded() * 2,
+                                                    l2_bytes(w.device())) > 0;
         if (filled < 0.75 && !tail && !stream_k) plan.strategy = W4A16Strategy::decoupled;
       }
     } else {
@@ -678,7 +687,8 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
     if (options.split_k <= 0 && plan.rows_per_pass >= w4a16_detail::kWgmmaMinTailRows && n_tiles < wave &&
         options.stream_k_ctas != 1) {
       const int64_t uniform = std::min<int64_t>(std::max<int64_t>(1, wave / n_tiles), std::max(1, iters / 4));
-      plan.stream_k_ctas = choose_wgmma_stream_k(n_tiles, wave, iters, uniform, options.stream_k_ctas);
+      plan.stream_k_ctas = choose_wgmma_stream_k(n_tiles, wave, iters, uniform, options.stream_k_ctas,
+                                                 M * w.K_padded() * 2, l2_bytes(w.device()));
       if (plan.stream_k_ctas > 0) choice = 1;
     }
     if (choice <= 0) {

@@ -56,53 +56,65 @@ TEST(W4A16WaveRule, RejectsBadArguments) {
   EXPECT_TRUE(test::throws_error([] { choose_wgmma_tail(10, 4, 8, -1); }, ErrorKind::invalid_argument, "forced"));
 }
 
+// The H100's L2 (50 MB) and x of the 5120-row layers at 512 rows (5 MB).
+constexpr int64_t kL2 = 50 << 20, kX = 512 * 5120 * 2;
+
 TEST(W4A16WaveRule, StreamKWhereTheUniformSplitLeavesTheWaveIdle) {
   // The 5120-column layers at 512 rows: 80 tiles of 256 x 128 on 132 SMs.
   // The uniform split is 1 (132 / 80), one whole tile per CTA: 80 of 132
   // SMs busy. Stream-K gives every SM ceil(80 x 80 / 132) = 49 k-iterations
   // of Qwen3-14B's o projection (+3 for its fix-up, against 80), and 165 of
-  // the down projection's 272.
-  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 80, 1), 132);
-  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 272, 1), 132);
+  // the down projection's 272 (x: 512 x 17408 in 16 bits, 18 MB).
+  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 80, 1, 0, kX, kL2), 132);
+  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 272, 1, 0, 512 * 17408 * 2, kL2), 132);
   // Where the uniform split already fills the wave, no stream-K: 64 tiles
   // split 2 (sq4096 at 512 rows: 32 against 32 + 3), 40 tiles split 3
   // (qwen3-o at 256 rows: 27 against 25 + 3), 32 tiles split 8 on 264
   // CTAs (the 128-row tile of sq4096 at 128 rows).
-  EXPECT_EQ(choose_wgmma_stream_k(64, 132, 64, 2), 0);
-  EXPECT_EQ(choose_wgmma_stream_k(40, 132, 80, 3), 0);
-  EXPECT_EQ(choose_wgmma_stream_k(32, 264, 64, 8), 0);
+  EXPECT_EQ(choose_wgmma_stream_k(64, 132, 64, 2, 0, kX, kL2), 0);
+  EXPECT_EQ(choose_wgmma_stream_k(40, 132, 80, 3, 0, kX, kL2), 0);
+  EXPECT_EQ(choose_wgmma_stream_k(32, 264, 64, 8, 0, kX, kL2), 0);
   // 112 tiles (qwen3-qkv at 512 rows): 68 + 3 against 80, 89%: not enough.
-  EXPECT_EQ(choose_wgmma_stream_k(112, 132, 80, 1), 0);
+  EXPECT_EQ(choose_wgmma_stream_k(112, 132, 80, 1, 0, kX, kL2), 0);
   // A wave or more: the tail rule's domain.
-  EXPECT_EQ(choose_wgmma_stream_k(132, 132, 80, 1), 0);
-  EXPECT_EQ(choose_wgmma_stream_k(160, 132, 80, 1), 0);
+  EXPECT_EQ(choose_wgmma_stream_k(132, 132, 80, 1, 0, kX, kL2), 0);
+  EXPECT_EQ(choose_wgmma_stream_k(160, 132, 80, 1, 0, kX, kL2), 0);
   // Fewer k-iterations in all than the wave: one CTA per k-iteration.
-  EXPECT_EQ(choose_wgmma_stream_k(3, 132, 10, 1), 30);
+  EXPECT_EQ(choose_wgmma_stream_k(3, 132, 10, 1, 0, kX, kL2), 30);
+}
+
+TEST(W4A16WaveRule, NoStreamKWhenXOutgrowsHalfOfL2) {
+  // The same 80 tiles with x of 29 MB (K = 28672 at 512 rows): the
+  // CTAs spread over K would re-read x from HBM.
+  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 448, 1, 0, int64_t{512} * 28672 * 2, kL2), 0);
+  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 400, 1, 0, kL2 / 2, kL2), 132);
+  // Forcing ignores the size of x.
+  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 448, 1, 132, int64_t{512} * 28672 * 2, kL2), 132);
 }
 
 TEST(W4A16WaveRule, ForcedStreamK) {
-  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 80, 1, 1), 0);
-  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 80, 1, 100), 100);
+  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 80, 1, 1, kX, kL2), 0);
+  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 80, 1, 100, kX, kL2), 100);
   // Clamped to one CTA per tile at least (a range then never spans more
   // than two tiles) and one per k-iteration at most.
-  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 80, 1, 2), 80);
-  EXPECT_EQ(choose_wgmma_stream_k(3, 132, 10, 1, 1000), 30);
+  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 80, 1, 2, kX, kL2), 80);
+  EXPECT_EQ(choose_wgmma_stream_k(3, 132, 10, 1, 1000, kX, kL2), 30);
   // Even where the rule says no; but not for a wave or more of tiles.
-  EXPECT_EQ(choose_wgmma_stream_k(64, 132, 64, 2, 132), 132);
-  EXPECT_EQ(choose_wgmma_stream_k(132, 132, 80, 1, 132), 0);
+  EXPECT_EQ(choose_wgmma_stream_k(64, 132, 64, 2, 132, kX, kL2), 132);
+  EXPECT_EQ(choose_wgmma_stream_k(132, 132, 80, 1, 132, kX, kL2), 0);
 }
 
 TEST(W4A16WaveRule, StreamKRejectsBadArguments) {
-  EXPECT_TRUE(
-      test::throws_error([] { choose_wgmma_stream_k(0, 132, 80, 1); }, ErrorKind::invalid_argument, "tiles"));
-  EXPECT_TRUE(
-      test::throws_error([] { choose_wgmma_stream_k(10, 0, 80, 1); }, ErrorKind::invalid_argument, "wave"));
-  EXPECT_TRUE(
-      test::throws_error([] { choose_wgmma_stream_k(10, 132, 0, 1); }, ErrorKind::invalid_argument, "iters"));
-  EXPECT_TRUE(test::throws_error([] { choose_wgmma_stream_k(10, 132, 8, 0); }, ErrorKind::invalid_argument,
-                                 "uniform_split"));
-  EXPECT_TRUE(test::throws_error([] { choose_wgmma_stream_k(10, 132, 8, 1, -1); }, ErrorKind::invalid_argument,
-                                 "forced"));
+  auto call = [](int64_t tiles, int64_t wave, int iters, int64_t uniform, int64_t forced, int64_t x, int64_t l2) {
+    return [=] { choose_wgmma_stream_k(tiles, wave, iters, uniform, forced, x, l2); };
+  };
+  EXPECT_TRUE(test::throws_error(call(0, 132, 80, 1, 0, kX, kL2), ErrorKind::invalid_argument, "tiles"));
+  EXPECT_TRUE(test::throws_error(call(10, 0, 80, 1, 0, kX, kL2), ErrorKind::invalid_argument, "wave"));
+  EXPECT_TRUE(test::throws_error(call(10, 132, 0, 1, 0, kX, kL2), ErrorKind::invalid_argument, "iters"));
+  EXPECT_TRUE(test::throws_error(call(10, 132, 8, 0, 0, kX, kL2), ErrorKind::invalid_argument, "uniform_split"));
+  EXPECT_TRUE(test::throws_error(call(10, 132, 8, 1, -1, kX, kL2), ErrorKind::invalid_argument, "forced"));
+  EXPECT_TRUE(test::throws_error(call(10, 132, 8, 1, 0, -1, kL2), ErrorKind::invalid_argument, "x_bytes"));
+  EXPECT_TRUE(test::throws_error(call(10, 132, 8, 1, 0, kX, 0), ErrorKind::invalid_argument, "l2_bytes"));
 }
 
 }  // namespace

@@ -53,12 +53,22 @@ WgmmaTailSplit choose_wgmma_tail(int64_t tiles, int64_t wave, int iters, int for
 // ceil(T x iters / W) + 2 kTailFixupIters (a partial written, partials read),
 // is at most kStreamKGain of the uniform split's ceil(iters / uniform_split).
 //
+// And only while x (x_bytes, M x K in 16 bits) takes at most half of L2
+// (l2_bytes): the uniform split's CTAs run in split-major order, all at the
+// same k at once, so each x tile is fetched once and read by every column
+// tile from L2; stream-K spreads the CTAs over all of K, and a larger x is
+// then re-read from HBM. (Forced stream-K on Llama-70B's down projection at
+// 512 rows, 29 MB of x, took 485 us against the uniform split's 320 on the
+// H100; the 5120-column layers of Qwen3-14B at 512 rows, 5 and 18 MB of x,
+// gained 3-15%: docs/w4a16-gemm.md, v15.)
+//
 // Returns G (the CTAs), or 0 for none. forced >= 2: that many CTAs, clamped
 // to [T, T x iters] (at least one k-iteration per CTA and at most two pieces
-// per CTA), wherever T < W; forced == 1: never; forced == 0: the rule.
-// Error(invalid_argument) for tiles, wave, iters or uniform_split < 1 or
-// forced < 0.
-int64_t choose_wgmma_stream_k(int64_t tiles, int64_t wave, int iters, int64_t uniform_split, int64_t forced = 0);
+// per CTA), wherever T < W, whatever the size of x; forced == 1: never;
+// forced == 0: the rule. Error(invalid_argument) for tiles, wave, iters or
+// uniform_split < 1, forced < 0, x_bytes < 0 or l2_bytes < 1.
+int64_t choose_wgmma_stream_k(int64_t tiles, int64_t wave, int iters, int64_t uniform_split, int64_t forced,
+                              int64_t x_bytes, int64_t l2_bytes);
 inline constexpr double kStreamKGain = 0.85;
 
 // Per split, what its partials cost in k-iterations of a whole tile (an
