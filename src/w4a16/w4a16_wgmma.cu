@@ -563,8 +563,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>)
     // Decode tiles from 3 rows on (the staged sum above holds 1-2 rows at
     // split 16): kSplitsInFlight splits of two quads per L2 round trip, not a
     // split at a time as below, which made the last CTA walk n_splits round
-    // trips (sq4096 at M = 16, split 16: 15.8 against 17.6 us, the small
-    // layers 5-12% faster, on the H100). The accumulators are dead here, so
+    // trips (sq4096 at M = 16, split 16: 16.0-16.4 against 17.2 us on one
+    // H100, the other layers 0-3%). The accumulators are dead here, so
     // the registers for the loads are free; the sum is taken in split order
     // as below (the same bits). The larger tiles keep the loop below: with
     // this one in their code they were 3-6% slower on grids that never run it.
