@@ -60,7 +60,8 @@ WgmmaTailSplit choose_wgmma_tail(int64_t tiles, int64_t wave, int iters, int for
 // then re-read from HBM. (Forced stream-K on Llama-70B's down projection at
 // 512 rows, 29 MB of x, took 485 us against the uniform split's 320 on the
 // H100; the 5120-column layers of Qwen3-14B at 512 rows, 5 and 18 MB of x,
-// gained 3-15%: docs/w4a16-gemm.md, v15.)
+// gained 0-8% (o) and 3-15% (down) over three machines: docs/w4a16-gemm.md,
+// v15.)
 //
 // Returns G (the CTAs), or 0 for none. forced >= 2: that many CTAs, clamped
 // to [T, T x iters] (at least one k-iteration per CTA and at most two pieces
