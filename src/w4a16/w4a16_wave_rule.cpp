@@ -39,7 +39,10 @@ int64_t choose_wgmma_stream_k(int64_t tiles, int64_t wave, int iters, int64_t un
   if (x_bytes > l2_bytes / 2) return 0;
   const double stream_k = static_cast<double>((total + wave - 1) / wave) + 2.0 * kTailFixupIters;
   const double uniform = static_cast<double>((iters + uniform_split - 1) / uniform_split);
-  return stream_k <= kStreamKGain * uniform ? std::min(wave, total) : 0;
+  if (stream_k <= kStreamKGain * uniform) return std::min(wave, total);
+  if (iters <= kStreamKShortIters && uniform_split >= 3)
+    return tiles * (uniform_split >= 6 ? (uniform_split + 1) / 2 : uniform_split);
+  return 0;
 }
 
 }  // namespace lowbit

@@ -67,15 +67,33 @@ TEST(W4A16WaveRule, StreamKWhereTheUniformSplitLeavesTheWaveIdle) {
   // the down projection's 272 (x: 512 x 17408 in 16 bits, 18 MB).
   EXPECT_EQ(choose_wgmma_stream_k(80, 132, 80, 1, 0, kX, kL2), 132);
   EXPECT_EQ(choose_wgmma_stream_k(80, 132, 272, 1, 0, 512 * 17408 * 2, kL2), 132);
-  // Where the uniform split already fills the wave, no stream-K: 64 tiles
-  // split 2 (sq4096 at 512 rows: 32 against 32 + 3), 40 tiles split 3
-  // (qwen3-o at 256 rows: 27 against 25 + 3), 32 tiles split 8 on 264
-  // CTAs (the 128-row tile of sq4096 at 128 rows).
+  // Where the uniform split already fills the wave, no spreading over the
+  // wave: 64 tiles split 2 (sq4096 at 512 rows: 32 against 32 + 3); 112
+  // tiles (qwen3-qkv at 512 rows): 68 + 3 against 80, 89%, not enough.
   EXPECT_EQ(choose_wgmma_stream_k(64, 132, 64, 2, 0, kX, kL2), 0);
-  EXPECT_EQ(choose_wgmma_stream_k(40, 132, 80, 3, 0, kX, kL2), 0);
-  EXPECT_EQ(choose_wgmma_stream_k(32, 264, 64, 8, 0, kX, kL2), 0);
-  // 112 tiles (qwen3-qkv at 512 rows): 68 + 3 against 80, 89%: not enough.
   EXPECT_EQ(choose_wgmma_stream_k(112, 132, 80, 1, 0, kX, kL2), 0);
+  // Long K (256+ k-iterations): the uniform split stays (sq16384 at 64 rows,
+  // qwen3-down at 128, llama70-down at 64).
+  EXPECT_EQ(choose_wgmma_stream_k(128, 264, 256, 2, 0, kX, kL2), 0);
+  EXPECT_EQ(choose_wgmma_stream_k(40, 264, 272, 6, 0, kX, kL2), 0);
+  EXPECT_EQ(choose_wgmma_stream_k(64, 264, 448, 4, 0, kX, kL2), 0);
+}
+
+TEST(W4A16WaveRule, ShortKRunsTheUniformSplitAsStreamK) {
+  // The same pieces, one per CTA (S < 6), or pairs of them (S >= 6):
+  // qwen3-o at 256 rows (40 tiles, S = 3), sq8192 at 128 rows (64 tiles of
+  // 128 k-iterations, S = 4), sq4096 at 128 rows (32 tiles, S = 8 -> 4),
+  // qwen3-o at 128 rows (40 tiles, S = 6 -> 3).
+  EXPECT_EQ(choose_wgmma_stream_k(40, 132, 80, 3, 0, kX, kL2), 120);
+  EXPECT_EQ(choose_wgmma_stream_k(64, 264, 128, 4, 0, kX, kL2), 256);
+  EXPECT_EQ(choose_wgmma_stream_k(32, 264, 64, 8, 0, kX, kL2), 128);
+  EXPECT_EQ(choose_wgmma_stream_k(40, 264, 80, 6, 0, kX, kL2), 120);
+  // S = 2 (sq4096 at 512 rows, above) and S = 1 keep the uniform split;
+  // so does K of 129+ k-iterations.
+  EXPECT_EQ(choose_wgmma_stream_k(120, 132, 80, 1, 0, kX, kL2), 0);
+  EXPECT_EQ(choose_wgmma_stream_k(32, 264, 129, 8, 0, kX, kL2), 0);
+  // x beyond half of L2: none.
+  EXPECT_EQ(choose_wgmma_stream_k(32, 264, 64, 8, 0, kL2, kL2), 0);
   // A wave or more: the tail rule's domain.
   EXPECT_EQ(choose_wgmma_stream_k(132, 132, 80, 1, 0, kX, kL2), 0);
   EXPECT_EQ(choose_wgmma_stream_k(160, 132, 80, 1, 0, kX, kL2), 0);

@@ -63,6 +63,18 @@ WgmmaTailSplit choose_wgmma_tail(int64_t tiles, int64_t wave, int iters, int for
 // gained 0-8% (o) and 3-15% (down) over three machines: docs/w4a16-gemm.md,
 // v15.)
 //
+// Short K (iters <= kStreamKShortIters) with a uniform split S >= 3: the
+// same split run as stream-K, G = T x S' CTAs with S' = S, or ceil(S / 2)
+// from S = 6 on, so that every CTA holds exactly one piece (the pieces are
+// the uniform split's, or pairs of them). What changes is the fix-up: the
+// uniform split's last CTA walks its S row-major partials one L2 round trip
+// per split and 4 quads (32 round trips for the 128-row tile at S = 8),
+// stream-K's reads them in accumulator order with 8-16 loads in flight; on
+// short K that fix-up is a large part of the call. Measured on the H100
+// (docs/w4a16-gemm.md, v15): sq4096 at 128 rows 31.2 -> 22.4 us, qwen3-o at
+// 128 rows 33.5 -> 29.4, qwen3-qkv 37.9 -> 34.5; K of 256+ k-iterations lost
+// 1-6% the same way, and S = 2 was not measured everywhere.
+//
 // Returns G (the CTAs), or 0 for none. forced >= 2: that many CTAs, clamped
 // to [T, T x iters] (at least one k-iteration per CTA and at most two pieces
 // per CTA), wherever T < W, whatever the size of x; forced == 1: never;
@@ -71,6 +83,7 @@ WgmmaTailSplit choose_wgmma_tail(int64_t tiles, int64_t wave, int iters, int for
 int64_t choose_wgmma_stream_k(int64_t tiles, int64_t wave, int iters, int64_t uniform_split, int64_t forced,
                               int64_t x_bytes, int64_t l2_bytes);
 inline constexpr double kStreamKGain = 0.85;
+inline constexpr int kStreamKShortIters = 128;
 
 // Per split, what its partials cost in k-iterations of a whole tile (an
 // estimate: ~1.2 us to move one 256 x 128 fp32 partial through L2, ~0.8-0.9
