@@ -671,8 +671,19 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
     // slower at M >= 128: docs/w4a16-gemm.md); grids of more than a wave
     // split only the leftover tiles of their last one (choose_wgmma_tail,
     // w4a16_wave_rule.h; tail_split = 1 turns that off, for comparisons).
-    const int64_t wave = static_cast<int64_t>(w4a16_detail::wgmma_ctas_per_sm(plan.rows_per_pass, bf16)) * sms;
     const int64_t n_tiles = tiles(plan.rows_per_pass);
+    // 64-row tiles: the build for two or for three resident CTAs per SM
+    // (choose_wgmma_dense); the rules below then size the grid by its wave.
+    const int ctas_forced = options.wgmma_ctas_per_sm;
+    LOWBIT_CHECK_ARG(ctas_forced == 0 || ctas_forced == 2 || ctas_forced == 3, "wgmma_ctas_per_sm", ctas_forced,
+                     "0 (the rule), 2 or 3");
+    if (plan.rows_per_pass == w4a16_detail::kWgmmaDenseRows) {
+      const int64_t wave_of_two =
+          static_cast<int64_t>(w4a16_detail::wgmma_ctas_per_sm(plan.rows_per_pass, bf16, false)) * sms;
+      plan.wgmma_dense = ctas_forced == 3 || (ctas_forced == 0 && choose_wgmma_dense(n_tiles, wave_of_two, iters));
+    }
+    const int64_t wave =
+        static_cast<int64_t>(w4a16_detail::wgmma_ctas_per_sm(plan.rows_per_pass, bf16, plan.wgmma_dense)) * sms;
     const bool tail_rule = options.split_k <= 0 && options.tail_split != 1 &&
                            plan.rows_per_pass >= w4a16_detail::kWgmmaMinTailRows;
     int64_t choice = options.split_k;
@@ -885,7 +896,7 @@ void w4a16_gemm(const TensorView& x, const W4A16Weights& w, const TensorView& y,
     if (plan.stream_k_ctas > 0 || plan.tail_tiles > 0 || plan.split_k > 1)
       a.counters = static_cast<int*>(
           workspace.scratch(3, static_cast<size_t>(tiles) * sizeof(int), true, w.device(), stream));
-    w4a16_detail::launch_wgmma(a, plan.rows_per_pass, bf16, w.float_zero(), stream);
+    w4a16_detail::launch_wgmma(a, plan.rows_per_pass, plan.wgmma_dense, bf16, w.float_zero(), stream);
     return;
   }
 

@@ -194,18 +194,26 @@ __device__ __forceinline__ WgmmaWork wgmma_work(const WgmmaArgs& args) {
 
 // Residency wanted: small tiles (decode) need several CTAs per SM to keep
 // enough weight bytes in flight; the 256-row tile holds 128 accumulators per
-// thread and runs alone.
-template <int kMTile>
-constexpr int kMinCtasPerSm = kMTile == 256 ? 1 : (kMTile >= 64 ? 2 : 4);
+// thread and runs alone. The 64-row tile also exists for three CTAs per SM
+// (kDense, 80 registers instead of 104, no spills): each warpgroup waits for
+// its own wgmma batch before it dequantizes the next, so the SM's tensor
+// cores are fed only while some other warpgroup has its batch ready, and six
+// warpgroups per SM hide that chain better than four (Nsight Compute at 64
+// rows, two CTAs: tensor pipe 38%, DRAM 38%, issue slots 47%, no limiter
+// saturated; docs/w4a16-gemm.md, v16).
+template <int kMTile, bool kDense>
+constexpr int kMinCtasPerSm = kMTile == 256 ? 1 : (kMTile == kWgmmaDenseRows && kDense ? 3 : (kMTile >= 64 ? 2 : 4));
 
+// kDense: the 64-row tile at three CTAs per SM (kMinCtasPerSm above).
 // kStreamK: a separate instantiation (64+-row tiles only), so that the
 // kernels of the other paths carry none of its code: the piece boundary in
 // the K loop and its bookkeeping changed the 256-row kernel's code enough to
 // cost 4-9% on grids that never take it (measured on the H100).
-template <typename T, int kMTile, bool kFloatZero, bool kStreamK>
-__global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile>)
+template <typename T, int kMTile, bool kFloatZero, bool kStreamK, bool kDense>
+__global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile, kDense>)
     w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap x_map, const WgmmaArgs args) {
   static_assert(!kStreamK || kMTile >= kWgmmaMinTailRows, "stream-K runs tiles of 64 rows and more");
+  static_assert(!kDense || kMTile == kWgmmaDenseRows, "only the 64-row tile has a three-CTA build");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using S = Smem<kMTile>;
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
@@ -638,9 +646,9 @@ __global__ void wgmma_probe_kernel(int* out) {
 #endif
 }
 
-template <typename T, int kMTile, bool kFloatZero, bool kStreamK = false>
+template <typename T, int kMTile, bool kFloatZero, bool kStreamK = false, bool kDense = false>
 void launch_typed(const WgmmaArgs& args, cudaStream_t stream) {
-  auto kernel = w4a16_wgmma_kernel<T, kMTile, kFloatZero, kStreamK>;
+  auto kernel = w4a16_wgmma_kernel<T, kMTile, kFloatZero, kStreamK, kDense>;
   static bool configured = false;  // per instantiation; the attribute is per device function
   if (!configured) {
     LOWBIT_CUDA_CHECK(
@@ -660,13 +668,16 @@ void launch_typed(const WgmmaArgs& args, cudaStream_t stream) {
 }
 
 template <typename T, bool kFloatZero>
-void launch_rows(const WgmmaArgs& args, int rows_per_tile, cudaStream_t stream) {
+void launch_rows(const WgmmaArgs& args, int rows_per_tile, bool dense, cudaStream_t stream) {
   switch (rows_per_tile) {
     case 16:
       return launch_typed<T, 16, kFloatZero>(args, stream);
     case 32:
       return launch_typed<T, 32, kFloatZero>(args, stream);
     case 64:
+      if (dense)
+        return args.stream_k_ctas > 0 ? launch_typed<T, 64, kFloatZero, true, true>(args, stream)
+                                      : launch_typed<T, 64, kFloatZero, false, true>(args, stream);
       return args.stream_k_ctas > 0 ? launch_typed<T, 64, kFloatZero, true>(args, stream)
                                     : launch_typed<T, 64, kFloatZero>(args, stream);
     case 128:
@@ -742,7 +753,7 @@ bool wgmma_supported(int device) {
   return yes;
 }
 
-int wgmma_ctas_per_sm(int rows_per_tile, bool bf16) {
+int wgmma_ctas_per_sm(int rows_per_tile, bool bf16, bool dense) {
   int per_sm = 0;
   auto query = [&](auto kernel, int smem_bytes) {
     LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
@@ -750,29 +761,37 @@ int wgmma_ctas_per_sm(int rows_per_tile, bool bf16) {
   };
   switch (rows_per_tile) {
     case 16:
-      bf16 ? query(w4a16_wgmma_kernel<__nv_bfloat16, 16, false, false>, Smem<16>::kBytes)
-           : query(w4a16_wgmma_kernel<half, 16, false, false>, Smem<16>::kBytes);
+      bf16 ? query(w4a16_wgmma_kernel<__nv_bfloat16, 16, false, false, false>, Smem<16>::kBytes)
+           : query(w4a16_wgmma_kernel<half, 16, false, false, false>, Smem<16>::kBytes);
       break;
     case 32:
-      bf16 ? query(w4a16_wgmma_kernel<__nv_bfloat16, 32, false, false>, Smem<32>::kBytes)
-           : query(w4a16_wgmma_kernel<half, 32, false, false>, Smem<32>::kBytes);
+      bf16 ? query(w4a16_wgmma_kernel<__nv_bfloat16, 32, false, false, false>, Smem<32>::kBytes)
+           : query(w4a16_wgmma_kernel<half, 32, false, false, false>, Smem<32>::kBytes);
       break;
     case 64:
-      bf16 ? query(w4a16_wgmma_kernel<__nv_bfloat16, 64, false, false>, Smem<64>::kBytes)
-           : query(w4a16_wgmma_kernel<half, 64, false, false>, Smem<64>::kBytes);
+      if (dense)
+        bf16 ? query(w4a16_wgmma_kernel<__nv_bfloat16, 64, false, false, true>, Smem<64>::kBytes)
+             : query(w4a16_wgmma_kernel<half, 64, false, false, true>, Smem<64>::kBytes);
+      else
+        bf16 ? query(w4a16_wgmma_kernel<__nv_bfloat16, 64, false, false, false>, Smem<64>::kBytes)
+             : query(w4a16_wgmma_kernel<half, 64, false, false, false>, Smem<64>::kBytes);
       break;
     case 128:
-      bf16 ? query(w4a16_wgmma_kernel<__nv_bfloat16, 128, false, false>, Smem<128>::kBytes)
-           : query(w4a16_wgmma_kernel<half, 128, false, false>, Smem<128>::kBytes);
+      bf16 ? query(w4a16_wgmma_kernel<__nv_bfloat16, 128, false, false, false>, Smem<128>::kBytes)
+           : query(w4a16_wgmma_kernel<half, 128, false, false, false>, Smem<128>::kBytes);
       break;
     default:
-      bf16 ? query(w4a16_wgmma_kernel<__nv_bfloat16, 256, false, false>, Smem<256>::kBytes)
-           : query(w4a16_wgmma_kernel<half, 256, false, false>, Smem<256>::kBytes);
+      bf16 ? query(w4a16_wgmma_kernel<__nv_bfloat16, 256, false, false, false>, Smem<256>::kBytes)
+           : query(w4a16_wgmma_kernel<half, 256, false, false, false>, Smem<256>::kBytes);
   }
   return std::max(1, per_sm);
 }
 
-void launch_wgmma(const WgmmaArgs& args, int rows_per_tile, bool bf16, bool float_zero, cudaStream_t stream) {
+void launch_wgmma(const WgmmaArgs& args, int rows_per_tile, bool dense, bool bf16, bool float_zero,
+                  cudaStream_t stream) {
+  if (dense && rows_per_tile != kWgmmaDenseRows)
+    fail(ErrorKind::internal, "W4A16 wgmma: only tiles of ", kWgmmaDenseRows, " rows have a three-CTA build (rows ",
+         rows_per_tile, ")");
   if (args.tail_tiles > 0 && (rows_per_tile < kWgmmaMinTailRows || args.split_k != 1 || args.tail_split < 2))
     fail(ErrorKind::internal, "W4A16 wgmma: tail tiles need tiles of ", kWgmmaMinTailRows,
          "+ rows, split_k 1 and a tail split >= 2 (rows ", rows_per_tile, ", split_k ", args.split_k,
@@ -787,14 +806,14 @@ void launch_wgmma(const WgmmaArgs& args, int rows_per_tile, bool bf16, bool floa
          args.stream_k_ctas, ", tiles ", tiles, ", k-iterations per tile ", args.iters, ")");
   if (bf16) {
     if (float_zero)
-      launch_rows<__nv_bfloat16, true>(args, rows_per_tile, stream);
+      launch_rows<__nv_bfloat16, true>(args, rows_per_tile, dense, stream);
     else
-      launch_rows<__nv_bfloat16, false>(args, rows_per_tile, stream);
+      launch_rows<__nv_bfloat16, false>(args, rows_per_tile, dense, stream);
   } else {
     if (float_zero)
-      launch_rows<half, true>(args, rows_per_tile, stream);
+      launch_rows<half, true>(args, rows_per_tile, dense, stream);
     else
-      launch_rows<half, false>(args, rows_per_tile, stream);
+      launch_rows<half, false>(args, rows_per_tile, dense, stream);
   }
 }
 

@@ -19,8 +19,13 @@ inline constexpr int kWgmmaColsPerTile = 128;
 // Whether this build holds sm_90a code that runs on `device` (a probe kernel
 // reports it; cached per device).
 bool wgmma_supported(int device);
-// CTAs per SM the kernel for `rows_per_tile` can keep resident.
-int wgmma_ctas_per_sm(int rows_per_tile, bool bf16);
+// The 64-row tile is built twice: for two resident CTAs per SM, and for
+// three (`dense`, 80 registers per thread), which hides more of each
+// warpgroup's dequantize-then-wgmma chain (choose_wgmma_dense,
+// w4a16_wave_rule.h, says when).
+inline constexpr int kWgmmaDenseRows = 64;
+// CTAs per SM the kernel for `rows_per_tile` (and `dense`) can keep resident.
+int wgmma_ctas_per_sm(int rows_per_tile, bool bf16, bool dense = false);
 // Tail tiles (args.tail_tiles, w4a16_wave_rule.h) need tiles of at least
 // this many rows: the decode tiles balance their CTAs by split_k alone, and
 // their kernels do not carry the tail's fix-up code.
@@ -28,6 +33,8 @@ inline constexpr int kWgmmaMinTailRows = 64;
 // grid = (ceil(M / rows_per_tile), ceil(N_pad / 128), split_k), or with tail
 // tiles one CTA per whole tile plus tail_split per tail tile, or with
 // stream-K stream_k_ctas CTAs (tiles of kWgmmaMinTailRows+ rows as well).
-void launch_wgmma(const WgmmaArgs& args, int rows_per_tile, bool bf16, bool float_zero, cudaStream_t stream);
+// dense: the three-CTA build (rows_per_tile == kWgmmaDenseRows only).
+void launch_wgmma(const WgmmaArgs& args, int rows_per_tile, bool dense, bool bf16, bool float_zero,
+                  cudaStream_t stream);
 
 }  // namespace lowbit::w4a16_detail

@@ -960,6 +960,74 @@ TEST(W4A16Gemm, WgmmaStreamKRangesAcrossTiles) {
                                  {"stream_k_ctas"}));
 }
 
+// The 64-row tile's two builds, two and three resident CTAs per SM
+// (W4A16Options::wgmma_ctas_per_sm), run the same code in the same order:
+// bit-identical outputs under the same plan, both within the reference's
+// bound, through the uniform split, stream-K and a tail split; and the
+// three-CTA build really keeps three per SM (its wave shows in the plan).
+TEST(W4A16Gemm, WgmmaThreeCtaBuildMatchesTwoCtaBuild) {
+  LOWBIT_REQUIRE_GPU();
+  if (!w4a16_wgmma_available()) GTEST_SKIP() << "no sm_90a device/build (WgmmaRunsOnComputeCapability9 checks)";
+  W4A16Workspace ws;
+  uint64_t seed = 170;
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    const ZeroKind kind = dtype == DType::f16 ? ZeroKind::asym : ZeroKind::float_min_f16;
+    const auto layer = test::random_layer(3584, 950, 128, kind, seed++);  // 8 column tiles, the last one block
+    const W4A16Weights w = W4A16Weights::prepare(layer, dtype);
+    for (int64_t M : {33, 64}) {
+      const Problem p = make_problem(M, layer, dtype, seed++);
+      // split 1 and 3; stream-K over 9 and 19 CTAs (8 tiles); the rule.
+      for (int variant = 0; variant < 5; ++variant) {
+        SCOPED_TRACE(testing::Message() << dtype_name(dtype) << " M " << M << " variant " << variant);
+        W4A16Options o{W4A16Strategy::wgmma, variant == 0 ? 1 : (variant == 1 ? 3 : 0)};
+        if (variant == 2) o.stream_k_ctas = 9;
+        if (variant == 3) o.stream_k_ctas = 19;
+        W4A16Options two = o, three = o;
+        two.wgmma_ctas_per_sm = 2;
+        three.wgmma_ctas_per_sm = 3;
+        const W4A16Plan plan_two = w4a16_plan(M, w, two), plan_three = w4a16_plan(M, w, three);
+        ASSERT_EQ(plan_three.rows_per_pass, 64);
+        EXPECT_TRUE(plan_three.wgmma_dense);
+        EXPECT_FALSE(plan_two.wgmma_dense);
+        const auto y_three = run_gpu(p, w, ws, three);
+        EXPECT_TRUE(matches_reference(p, y_three));
+        if (variant < 4) {  // the same plan: the same sums
+          ASSERT_EQ(plan_two.split_k, plan_three.split_k);
+          ASSERT_EQ(plan_two.stream_k_ctas, plan_three.stream_k_ctas);
+          EXPECT_EQ(run_gpu(p, w, ws, two), y_three);
+        } else {
+          EXPECT_TRUE(matches_reference(p, run_gpu(p, w, ws, two)));
+        }
+      }
+    }
+  }
+  // A grid of 3 x SMs + 4 tiles of 64 rows: the three-CTA wave leaves 4
+  // tiles over, which the tail rule splits along K (8 k-iterations: 2 ways);
+  // the two-CTA wave leaves SMs + 4, too many to split.
+  const int sms = cuda_device_info(0).sm_count;
+  const auto wide = test::random_layer(512, (3 * sms + 4) * 128, 128, ZeroKind::sym, seed++);
+  const W4A16Weights ww = W4A16Weights::prepare(wide, DType::f16);
+  const Problem pw = make_problem(40, wide, DType::f16, seed++);
+  W4A16Options three{W4A16Strategy::wgmma, 0}, two{W4A16Strategy::wgmma, 0};
+  three.wgmma_ctas_per_sm = 3;
+  two.wgmma_ctas_per_sm = 2;
+  const W4A16Plan tail = w4a16_plan(pw.M, ww, three);
+  EXPECT_EQ(tail.tail_tiles, 4);
+  EXPECT_EQ(tail.tail_split, 2);
+  EXPECT_EQ(w4a16_plan(pw.M, ww, two).tail_tiles, 0);
+  EXPECT_TRUE(matches_reference(pw, run_gpu(pw, ww, ws, three)));
+  // The rule: K longer than 128 k-iterations takes the three-CTA build
+  // (Qwen3-14B down, 272); a short-K grid of fewer tiles than a two-CTA
+  // wave does not (4096 x 4096: 32 tiles, 64 k-iterations).
+  EXPECT_TRUE(w4a16_plan(64, W4A16Weights::random(17408, 5120, 128, DType::f16, 9)).wgmma_dense);
+  if (sms > 16) EXPECT_FALSE(w4a16_plan(64, W4A16Weights::random(4096, 4096, 128, DType::f16, 10)).wgmma_dense);
+  EXPECT_FALSE(w4a16_plan(128, ww, three).wgmma_dense);  // other tiles have one build
+  W4A16Options bad{W4A16Strategy::wgmma, 0};
+  bad.wgmma_ctas_per_sm = 4;
+  EXPECT_TRUE(test::throws_error([&] { (void)w4a16_plan(64, ww, bad); }, ErrorKind::invalid_argument,
+                                 {"wgmma_ctas_per_sm"}));
+}
+
 TEST(W4A16Gemm, BadArgumentsAreNamed) {
   LOWBIT_REQUIRE_GPU();
   W4A16Workspace ws;

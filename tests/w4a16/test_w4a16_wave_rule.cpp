@@ -135,5 +135,26 @@ TEST(W4A16WaveRule, StreamKRejectsBadArguments) {
   EXPECT_TRUE(test::throws_error(call(10, 132, 8, 1, 0, kX, 0), ErrorKind::invalid_argument, "l2_bytes"));
 }
 
+// The nine anchor shapes at 64 rows on an H100 (two-CTA wave 264):
+// long K or a two-CTA wave of tiles takes the three-CTA build, the short-K
+// grids of fewer tiles do not.
+TEST(W4A16WaveRule, DenseBuildForLongKOrWideGrids) {
+  constexpr int64_t kWave = 264;
+  EXPECT_FALSE(choose_wgmma_dense(32, kWave, 64));    // sq4096
+  EXPECT_FALSE(choose_wgmma_dense(64, kWave, 128));   // sq8192: 128 is still short
+  EXPECT_TRUE(choose_wgmma_dense(128, kWave, 256));   // sq16384
+  EXPECT_FALSE(choose_wgmma_dense(56, kWave, 80));    // Qwen3-14B qkv
+  EXPECT_FALSE(choose_wgmma_dense(40, kWave, 80));    // o
+  EXPECT_TRUE(choose_wgmma_dense(272, kWave, 80));    // gate/up: a wave of tiles
+  EXPECT_TRUE(choose_wgmma_dense(40, kWave, 272));    // down
+  EXPECT_TRUE(choose_wgmma_dense(448, kWave, 128));   // Llama-70B gate/up
+  EXPECT_TRUE(choose_wgmma_dense(64, kWave, 448));    // down
+  EXPECT_TRUE(choose_wgmma_dense(264, kWave, 8));     // exactly a wave
+  EXPECT_FALSE(choose_wgmma_dense(263, kWave, 128));
+  EXPECT_TRUE(test::throws_error([] { choose_wgmma_dense(0, kWave, 8); }, ErrorKind::invalid_argument, "tiles"));
+  EXPECT_TRUE(test::throws_error([] { choose_wgmma_dense(8, 0, 8); }, ErrorKind::invalid_argument, "wave_of_two"));
+  EXPECT_TRUE(test::throws_error([] { choose_wgmma_dense(8, kWave, 0); }, ErrorKind::invalid_argument, "iters"));
+}
+
 }  // namespace
 }  // namespace lowbit

@@ -71,6 +71,11 @@ void add_bench_command(CLI::App& app) {
                    "split; points with a wave of tiles or more are skipped; sm_90a only)")
       ->delimiter(',')
       ->check(CLI::PositiveNumber);
+  gemm->add_option("--wgmma-ctas-per-sm", options.wgmma_ctas_per_sm,
+                   "Also time the wgmma strategy with the 64-row tile built for this many resident CTAs per SM "
+                   "(2 or 3; points that run other tiles are skipped; sm_90a only)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({2, 3}));
   gemm->add_flag("--read-floor", options.read_floor,
                  "Also time, at M <= 64, a kernel that only reads as many bytes as the W4 weights and scales "
                  "(row read_floor): the most any W4A16 kernel could gain over cuBLAS under the same timing");

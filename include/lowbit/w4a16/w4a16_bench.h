@@ -45,6 +45,10 @@ struct W4A16BenchOptions {
   // G CTAs forced (W4A16Options::stream_k_ctas), 1 meaning none; only at
   // points whose grid has fewer tiles than a wave.
   std::vector<int> wgmma_stream_k_ctas;
+  // Extra rows "lowbit_wgmma_c<C>": the wgmma strategy with the 64-row
+  // tile's build for C resident CTAs per SM forced, C = 2 or 3
+  // (W4A16Options::wgmma_ctas_per_sm); only at points that run 64-row tiles.
+  std::vector<int> wgmma_ctas_per_sm;
   // Extra rows "read_floor" at M <= 64: a kernel that only reads as many
   // bytes as the W4 weights and scales, timed the same way: the ceiling of
   // any W4A16 kernel's speedup under this timer and flush.

@@ -172,6 +172,10 @@ struct W4A16Options {
   // uniform K split). Ignored when split_k is given. For tests and
   // benchmark comparisons.
   int stream_k_ctas = 0;
+  // wgmma only, 64-row tiles: the kernel built for this many resident CTAs
+  // per SM, 2 or 3 (choose_wgmma_dense, w4a16_wave_rule.h). 0: the rule's
+  // choice. For tests and benchmark comparisons.
+  int wgmma_ctas_per_sm = 0;
   // x is [M, 2K]: a gate half then an up half, and the GEMM multiplies
   // silu(gate) * up, each rounded to the activation dtype (the values
   // ops::silu_mul stores), by the weights: a decode step's SiLU fused into
@@ -229,6 +233,9 @@ struct W4A16Plan {
   int tail_split = 1;
   // wgmma: stream-K over this many CTAs (split_k is then 1); 0: none.
   int64_t stream_k_ctas = 0;
+  // wgmma, 64-row tiles: the kernel built for three resident CTAs per SM
+  // rather than two.
+  bool wgmma_dense = false;
 };
 W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& options = {});
 

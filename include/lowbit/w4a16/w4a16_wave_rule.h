@@ -85,6 +85,18 @@ int64_t choose_wgmma_stream_k(int64_t tiles, int64_t wave, int iters, int64_t un
 inline constexpr double kStreamKGain = 0.85;
 inline constexpr int kStreamKShortIters = 128;
 
+// Whether the 64-row wgmma tile runs its three-CTA build (80 registers, 6
+// warpgroups per SM) rather than its two-CTA one: when K is longer than
+// kStreamKShortIters k-iterations or the grid has at least a two-CTA wave
+// of tiles (tiles >= wave_of_two, the two-CTA build's CTAs per SM times the
+// SMs). Measured on the H100 at 48 and 64 rows, both builds in one run
+// (docs/w4a16-gemm.md, v16): Llama-70B gate/up +18-21% (448 tiles), down
+// +7%, sq16384 +7%, Qwen3-14B down +4-5%; but the short-K grids of fewer
+// tiles than a wave, which run the short-K stream-K split sized for two
+// CTAs per SM, lost: sq8192 -16%, sq4096 -10% (Qwen3-14B o +4%, qkv and
+// gate/up +-1%). Error(invalid_argument) for tiles, wave_of_two or iters < 1.
+bool choose_wgmma_dense(int64_t tiles, int64_t wave_of_two, int iters);
+
 // Per split, what its partials cost in k-iterations of a whole tile (an
 // estimate: ~1.2 us to move one 256 x 128 fp32 partial through L2, ~0.8-0.9
 // us per k-iteration of the 256-row tile on the H100).
