@@ -44,6 +44,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <type_traits>
 
 #include "lowbit/core/error.h"
@@ -753,7 +754,9 @@ bool wgmma_supported(int device) {
   return yes;
 }
 
-int wgmma_ctas_per_sm(int rows_per_tile, bool bf16, bool dense) {
+namespace {
+
+int query_ctas_per_sm(int rows_per_tile, bool bf16, bool dense) {
   int per_sm = 0;
   auto query = [&](auto kernel, int smem_bytes) {
     LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
@@ -785,6 +788,28 @@ int wgmma_ctas_per_sm(int rows_per_tile, bool bf16, bool dense) {
            : query(w4a16_wgmma_kernel<half, 256, false, false, false>, Smem<256>::kBytes);
   }
   return std::max(1, per_sm);
+}
+
+}  // namespace
+
+// Cached per device and kernel: w4a16_plan asks on every call (twice for
+// the 64-row tile), and the attribute call plus the occupancy query cost
+// microseconds of host time that the smallest layers' calls would show.
+int wgmma_ctas_per_sm(int rows_per_tile, bool bf16, bool dense) {
+  constexpr int kDevices = 64;
+  static std::atomic<int> cached[kDevices][5][2][2];  // 0: not asked yet
+  int device = 0;
+  LOWBIT_CUDA_CHECK(cudaGetDevice(&device));
+  const int rows_index =
+      rows_per_tile <= 16 ? 0 : (rows_per_tile <= 32 ? 1 : (rows_per_tile <= 64 ? 2 : (rows_per_tile <= 128 ? 3 : 4)));
+  if (device < 0 || device >= kDevices) return query_ctas_per_sm(rows_per_tile, bf16, dense);
+  std::atomic<int>& slot = cached[device][rows_index][bf16 ? 1 : 0][dense ? 1 : 0];
+  int per_sm = slot.load(std::memory_order_relaxed);
+  if (per_sm == 0) {
+    per_sm = query_ctas_per_sm(rows_per_tile, bf16, dense);
+    slot.store(per_sm, std::memory_order_relaxed);
+  }
+  return per_sm;
 }
 
 void launch_wgmma(const WgmmaArgs& args, int rows_per_tile, bool dense, bool bf16, bool float_zero,
