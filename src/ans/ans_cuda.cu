@@ -12,6 +12,7 @@
 #include "lowbit/ans/ans_cuda.h"
 #include "lowbit/core/error.h"
 #include "lowbit/cuda/check.h"
+#include "lowbit/cuda/kernel_smem.h"
 #include "lowbit/cuda/cublas_check.h"
 #include "lowbit/cuda/device.h"
 
@@ -399,12 +400,14 @@ void launch_fused_t(const uint8_t* blob, const MatrixParams& p, const int8_t* v,
                     int sm_count, cudaStream_t stream) {
   const size_t smem = p.lut_bytes + kRingBytes /* alignment slack */ + size_t{kRingBytes} * kFusedWarps;
   auto kernel = lowbit_fused_kernel<kSlots, kPacked>;
-  static thread_local int configured_smem = -1;
-  static thread_local int blocks_per_sm = 0;
-  if (configured_smem != static_cast<int>(smem)) {
-    LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  // The occupancy query is cached per thread for the last (device, size).
+  static thread_local int configured_device = -1, configured_smem = -1, blocks_per_sm = 0;
+  int device = 0;
+  LOWBIT_CUDA_CHECK(cudaGetDevice(&device));
+  if (configured_device != device || configured_smem != static_cast<int>(smem)) {
+    cuda::ensure_dynamic_smem(kernel, static_cast<int>(smem));
     LOWBIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, kFusedThreads, smem));
-    configured_smem = static_cast<int>(smem);
+    configured_device = device, configured_smem = static_cast<int>(smem);
   }
   const uint64_t want = (uint64_t{p.tiles} + kFusedWarps - 1) / kFusedWarps;
   const uint64_t grid = std::max<uint64_t>(1, std::min<uint64_t>(want, uint64_t(std::max(1, blocks_per_sm)) * sm_count));
@@ -705,11 +708,7 @@ void ChainEngine::product(size_t k, const uint8_t* blob, cudaStream_t stream) {
   switch (m.method) {
     case Method::seed: {
       const size_t smem = 528 + p.cols;
-      static thread_local size_t configured = 0;
-      if (smem > 48 * 1024 && smem > configured) {
-        LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(seed_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-        configured = smem;
-      }
+      if (smem > 48 * 1024) cuda::ensure_dynamic_smem(seed_kernel, static_cast<int>(smem));
       seed_kernel<<<(p.rows + kSeedThreads - 1) / kSeedThreads, kSeedThreads, smem, stream>>>(blob, p, v, y, err);
       LOWBIT_CUDA_CHECK_LAUNCH();
       break;

@@ -69,6 +69,7 @@
 
 #include "lowbit/core/error.h"
 #include "lowbit/cuda/check.h"
+#include "lowbit/cuda/kernel_smem.h"
 #include "lowbit/cuda/pdl.cuh"
 #include "lowbit/kv/device_cache.h"
 #include "lowbit/kv/append_warp.cuh"
@@ -1040,12 +1041,7 @@ void launch_attend(const AttnArgs& a, dim3 grid, cudaStream_t stream) {
     args.append_scratch_offset = smem;
     smem += 2 * D;
   }
-  static int configured = 0;
-  if (configured < smem) {
-    LOWBIT_CUDA_CHECK(
-        cudaFuncSetAttribute(attend_kernel<KF, VF, kWide, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    configured = smem;
-  }
+  cuda::ensure_dynamic_smem(attend_kernel<KF, VF, kWide, D>, smem);
   cuda::launch_with_pdl_in_clusters(attend_kernel<KF, VF, kWide, D>, a.cluster_merge ? static_cast<int>(grid.x) : 0,
                                     grid, dim3(32 * L::kWarps), static_cast<size_t>(smem), stream, args);
 }

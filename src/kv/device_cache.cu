@@ -22,6 +22,7 @@
 
 #include "lowbit/core/error.h"
 #include "lowbit/cuda/check.h"
+#include "lowbit/cuda/kernel_smem.h"
 #include "lowbit/cuda/pdl.cuh"
 #include "lowbit/kv/append_warp.cuh"
 
@@ -473,14 +474,7 @@ void launch_write(const DeviceKvCache& cache, int layer, const DeviceBlockTables
   const size_t d = static_cast<size_t>(c.head_dim);
   auto launch = [&](auto kernel, int per_cta) {
     const size_t smem = sizeof(float) * (d * d + static_cast<size_t>(per_cta) * d) + per_cta * d;
-    // Per instantiation (the attribute is per device function): [d == 64][per_cta == 1].
-    static bool configured[2][2] = {};
-    bool& done = configured[d == 64][per_cta == 1];
-    if (!done) {
-      LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             static_cast<int>(smem)));
-      done = true;
-    }
+    cuda::ensure_dynamic_smem(kernel, static_cast<int>(smem));
     const int64_t batches = (vectors + per_cta - 1) / per_cta;
     // Each CTA loads M (64 KB at d = 128) once: few enough CTAs that this stays small
     // beside the K/V traffic, enough for every SM to hold two.

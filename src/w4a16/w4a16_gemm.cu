@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "lowbit/cuda/check.h"
+#include "lowbit/cuda/kernel_smem.h"
 #include "lowbit/cuda/cublas_check.h"
 #include "lowbit/cuda/random.h"
 #include "lowbit/cuda/timer.h"
@@ -371,11 +372,7 @@ template <typename T, int kMBlocks, bool kFloatZero>
 void launch_fused(const KernelArgs& args, dim3 grid, cudaStream_t stream) {
   using L = SharedLayout<kMBlocks>;
   auto kernel = w4a16_fused_kernel<T, kMBlocks, kFloatZero>;
-  static bool configured = false;  // per instantiation; the attribute is per device function
-  if (!configured) {
-    LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes));
-    configured = true;
-  }
+  cuda::ensure_dynamic_smem(kernel, L::kBytes);
   kernel<<<grid, kThreads, L::kBytes, stream>>>(args);
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
@@ -569,7 +566,7 @@ namespace {
 int resident_ctas(int rows_per_pass, bool bf16, int device) {
   int per_sm = 0;
   auto query = [&](auto kernel, int smem_bytes) {
-    LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+    cuda::ensure_dynamic_smem(kernel, smem_bytes);
     LOWBIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem_bytes));
   };
   if (rows_per_pass == 16)

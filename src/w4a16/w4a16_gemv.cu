@@ -57,6 +57,7 @@
 
 #include "lowbit/core/error.h"
 #include "lowbit/cuda/check.h"
+#include "lowbit/cuda/kernel_smem.h"
 #include "lowbit/cuda/pdl.cuh"
 #include "lowbit/kv/hadamard_warp.cuh"
 #include "lowbit/ops/head_math.cuh"
@@ -782,12 +783,7 @@ template <typename T, bool kFloatZero, bool kTwoGroups, GemvIo kIo>
 void launch_typed(const GemvArgs& args, int device, cudaStream_t stream) {
   auto kernel = w4a16_gemv_kernel<T, kFloatZero, kTwoGroups, kIo>;
   const DeviceLimits& limits = device_limits(device);
-  static bool configured = false;  // per instantiation: the attribute is per device function
-  if (!configured) {
-    LOWBIT_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, limits.smem_per_cta));
-    configured = true;
-  }
+  cuda::ensure_dynamic_smem(kernel, limits.smem_per_cta);
   const int range_max = (args.iters + args.split_k - 1) / args.split_k;
   // Passes of 8 rows run one after the other on the stream; each finishes
   // before the next reuses the partials and counters.

@@ -49,6 +49,7 @@
 
 #include "lowbit/core/error.h"
 #include "lowbit/cuda/check.h"
+#include "lowbit/cuda/kernel_smem.h"
 #include "lowbit/cuda/pdl.cuh"
 #include "w4a16_async_copy.cuh"
 #include "w4a16_device.cuh"
@@ -650,12 +651,7 @@ __global__ void wgmma_probe_kernel(int* out) {
 template <typename T, int kMTile, bool kFloatZero, bool kStreamK = false, bool kDense = false>
 void launch_typed(const WgmmaArgs& args, cudaStream_t stream) {
   auto kernel = w4a16_wgmma_kernel<T, kMTile, kFloatZero, kStreamK, kDense>;
-  static bool configured = false;  // per instantiation; the attribute is per device function
-  if (!configured) {
-    LOWBIT_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Smem<kMTile>::kBytes));
-    configured = true;
-  }
+  cuda::ensure_dynamic_smem(kernel, Smem<kMTile>::kBytes);
   const CUtensorMap map = encode_x_tensor_map(args, x_box_rows<kMTile>(args.M), std::is_same_v<T, __nv_bfloat16>);
   const unsigned row_tiles = static_cast<unsigned>((args.M + kMTile - 1) / kMTile);
   const unsigned col_tiles = static_cast<unsigned>((args.N_pad + 127) / 128);
@@ -759,7 +755,7 @@ namespace {
 int query_ctas_per_sm(int rows_per_tile, bool bf16, bool dense) {
   int per_sm = 0;
   auto query = [&](auto kernel, int smem_bytes) {
-    LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+    cuda::ensure_dynamic_smem(kernel, smem_bytes);
     LOWBIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem_bytes));
   };
   switch (rows_per_tile) {

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <stdexcept>
@@ -21,6 +22,7 @@
 #include "lowbit/cuda/cublas_check.h"
 #include "lowbit/cuda/cublas_gemm.h"
 #include "lowbit/cuda/device.h"
+#include "lowbit/cuda/kernel_smem.h"
 #include "lowbit/cuda/random.h"
 #include "lowbit/cuda/timer.h"
 
@@ -144,6 +146,56 @@ TEST(CudaCheck, BadLaunchIsCaughtAtTheLaunch) {
   noop_kernel<<<1, 32>>>(nullptr);
   LOWBIT_CUDA_CHECK_LAUNCH();
   LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+// Only the test below launches this kernel, so its shared memory limit on
+// each device is what the test set there.
+__global__ void dynamic_smem_kernel(int bytes, int* out) {
+  extern __shared__ unsigned char dynamic_smem[];
+  if (threadIdx.x == 0) {
+    dynamic_smem[bytes - 1] = 7;
+    *out = dynamic_smem[bytes - 1];
+  }
+}
+
+int max_dynamic_smem_now(const void* kernel) {
+  cudaFuncAttributes attributes{};
+  LOWBIT_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+  return attributes.maxDynamicSharedSizeBytes;
+}
+
+// The opt-in is per (device, kernel): a launch on a second GPU of a kernel
+// configured only on the first fails, which is what a per-kernel `static bool
+// configured` did. On a one-GPU machine the per-device half has nothing to
+// switch to and says so.
+TEST(CudaKernelSmem, OptInIsPerDeviceAndNeverLowered) {
+  LOWBIT_REQUIRE_GPU();
+  const auto kernel = reinterpret_cast<const void*>(dynamic_smem_kernel);
+  constexpr int kBig = 100 * 1024, kSmaller = 64 * 1024;
+  for (int device = 0; device < cuda_device_count(); ++device) {
+    SCOPED_TRACE("device " + std::to_string(device));
+    cuda::DeviceGuard guard(device);
+    EXPECT_LT(max_dynamic_smem_now(kernel), kBig) << "nothing configured this device yet";
+    cuda::ensure_dynamic_smem(dynamic_smem_kernel, kBig);
+    EXPECT_EQ(max_dynamic_smem_now(kernel), kBig);
+    cuda::ensure_dynamic_smem(dynamic_smem_kernel, kSmaller);  // a smaller request leaves it
+    EXPECT_EQ(max_dynamic_smem_now(kernel), kBig);
+    Buffer out(sizeof(int), Device::cuda, device);
+    LOWBIT_CUDA_CHECK(cudaMemset(out.data(), 0, sizeof(int)));
+    dynamic_smem_kernel<<<1, 32, kBig>>>(kBig, out.as<int>());
+    LOWBIT_CUDA_CHECK_LAUNCH();
+    int got = 0;
+    LOWBIT_CUDA_CHECK(cudaMemcpy(&got, out.data(), sizeof(int), cudaMemcpyDeviceToHost));
+    EXPECT_EQ(got, 7);
+    const CudaDeviceInfo info = cuda_device_info(device);
+    const Error e = expect_lowbit_error(
+        [&] { cuda::ensure_dynamic_smem(dynamic_smem_kernel, static_cast<int>(info.smem_per_block_optin) + 1024); });
+    EXPECT_EQ(e.kind(), ErrorKind::cuda);
+    EXPECT_EQ(max_dynamic_smem_now(kernel), kBig);
+    cudaGetLastError();
+  }
+  if (cuda_device_count() < 2)
+    std::printf("[ note     ] one CUDA device: the per-device opt-in was checked on device 0 only\n");
 }
 
 TEST(CudaCheck, FailingCublasCallThrowsCudaError) {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <cstdio>
 #include <utility>
 #include <random>
 #include <span>
@@ -78,6 +79,22 @@ std::vector<uint16_t> run_gpu(const Problem& p, const W4A16Weights& w, W4A16Work
   Buffer x(static_cast<size_t>(M * K) * 2, Device::cuda), y(static_cast<size_t>(M * N) * 2, Device::cuda);
   Buffer::copy(x.data(), Device::cuda, p.x.data(), Device::cpu, x.size());
   LOWBIT_CUDA_CHECK(cudaMemset(y.data(), 0xFF, y.size()));  // 0xFFFF is NaN in f16 and bf16
+  w4a16_gemm(TensorView::contiguous(x.data(), p.dtype, {M, K}, Device::cuda), w,
+             TensorView::contiguous(y.data(), p.dtype, {M, N}, Device::cuda), ws, o);
+  LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<uint16_t> out(static_cast<size_t>(M * N));
+  Buffer::copy(out.data(), Device::cpu, y.data(), Device::cuda, y.size());
+  return out;
+}
+
+// run_gpu on another device: weights, x, y and the workspace all on `device`.
+std::vector<uint16_t> run_gpu_on(int device, const Problem& p, const W4A16Weights& w, W4A16Workspace& ws,
+                                 const W4A16Options& o) {
+  cuda::DeviceGuard guard(device);
+  const int64_t M = p.M, K = p.layer.K, N = p.layer.N;
+  Buffer x(static_cast<size_t>(M * K) * 2, Device::cuda, device), y(static_cast<size_t>(M * N) * 2, Device::cuda, device);
+  Buffer::copy(x.data(), Device::cuda, p.x.data(), Device::cpu, x.size());
+  LOWBIT_CUDA_CHECK(cudaMemset(y.data(), 0xFF, y.size()));
   w4a16_gemm(TensorView::contiguous(x.data(), p.dtype, {M, K}, Device::cuda), w,
              TensorView::contiguous(y.data(), p.dtype, {M, N}, Device::cuda), ws, o);
   LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
@@ -805,6 +822,31 @@ TEST(W4A16Gemm, WgmmaRunsOnComputeCapability9) {
   EXPECT_EQ(w4a16_plan(1024, w).strategy, W4A16Strategy::decoupled);
   const W4A16Weights big = W4A16Weights::random(1024, 33792, 128, DType::f16, 5);  // 264 column tiles
   EXPECT_EQ(w4a16_plan(1024, big).strategy, W4A16Strategy::wgmma);
+}
+
+// Every kernel that opts in to more than 48 KB of shared memory does so on
+// each device it runs on (lowbit/cuda/kernel_smem.h): device 0 first, then
+// every other device with the same kernels, which a per-kernel "configured
+// once" flag failed with a launch error. One device checks device 0 only.
+TEST(W4A16Gemm, EveryDeviceRunsTheSameKernels) {
+  LOWBIT_REQUIRE_GPU();
+  const auto layer = test::random_layer(1024, 320, 128, ZeroKind::asym, 91);
+  for (int device = 0; device < cuda_device_count(); ++device) {
+    const W4A16Weights w = W4A16Weights::prepare(layer, DType::f16, device);
+    EXPECT_EQ(w.device(), device);
+    W4A16Workspace ws;
+    std::vector<W4A16Strategy> run = {W4A16Strategy::gemv, W4A16Strategy::split_k_deterministic,
+                                      W4A16Strategy::decoupled};
+    if (w4a16_wgmma_available(device)) run.push_back(W4A16Strategy::wgmma);
+    for (int64_t M : {1, 64, 300}) {
+      const Problem p = make_problem(M, layer, DType::f16, 92 + static_cast<uint64_t>(M));
+      for (W4A16Strategy s : run) {
+        SCOPED_TRACE(testing::Message() << "device " << device << " M=" << M << " " << w4a16_strategy_name(s));
+        EXPECT_TRUE(matches_reference(p, run_gpu_on(device, p, w, ws, {s, 0})));
+      }
+    }
+  }
+  if (cuda_device_count() < 2) std::printf("[ note     ] one CUDA device: checked device 0 only\n");
 }
 
 TEST(W4A16Gemm, WgmmaLargeMAndDeterministicSplits) {
