@@ -620,8 +620,7 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
         // Fewer tiles than a wave run stream-K where that pays (below), so
         // their fill is not the grid's either.
         const bool stream_k = options.split_k <= 0 && tiles < wave &&
-                              choose_wgmma_stream_k(tiles, wave, iters,
-                                                    std::min<int64_t>(wave / tiles, std::max(1, iters / 4)),
+                              choose_wgmma_stream_k(tiles, wave, iters, wgmma_uniform_split(tiles, wave, iters),
                                                     options.stream_k_ctas, M * w.K_padded() * 2,
                                                     l2_bytes(w.device())) > 0;
         if (filled < 0.75 && !tail && !stream_k) plan.strategy = W4A16Strategy::decoupled;
@@ -694,15 +693,15 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
     // leaves much of the wave idle (choose_wgmma_stream_k).
     if (options.split_k <= 0 && plan.rows_per_pass >= w4a16_detail::kWgmmaMinTailRows && n_tiles < wave &&
         options.stream_k_ctas != 1) {
-      const int64_t uniform = std::min<int64_t>(std::max<int64_t>(1, wave / n_tiles), std::max(1, iters / 4));
-      plan.stream_k_ctas = choose_wgmma_stream_k(n_tiles, wave, iters, uniform, options.stream_k_ctas,
+      plan.stream_k_ctas = choose_wgmma_stream_k(n_tiles, wave, iters, wgmma_uniform_split(n_tiles, wave, iters),
+                                                 options.stream_k_ctas,
                                                  M * w.K_padded() * 2, l2_bytes(w.device()));
       if (plan.stream_k_ctas > 0) choice = 1;
     }
     if (choice <= 0) {
       constexpr int64_t kCtaOverheadIters = 3;
       const int64_t max_split = std::max(1, iters / 4);
-      const int64_t first = std::min<int64_t>(std::max<int64_t>(1, wave / n_tiles), max_split);
+      const int64_t first = wgmma_uniform_split(n_tiles, wave, iters);
       const int64_t last = plan.rows_per_pass <= 32 ? std::min(4 * first, max_split) : first;
       int64_t best_cost = -1;
       for (int64_t s = first; s <= last; ++s) {

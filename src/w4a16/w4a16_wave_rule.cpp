@@ -45,6 +45,13 @@ int64_t choose_wgmma_stream_k(int64_t tiles, int64_t wave, int iters, int64_t un
   return 0;
 }
 
+int64_t wgmma_uniform_split(int64_t tiles, int64_t wave, int iters) {
+  LOWBIT_CHECK_ARG(tiles >= 1, "tiles", tiles, "at least 1");
+  LOWBIT_CHECK_ARG(wave >= 1, "wave", wave, "at least 1");
+  LOWBIT_CHECK_ARG(iters >= 1, "iters", iters, "at least 1");
+  return std::min<int64_t>(std::max<int64_t>(1, wave / tiles), std::max(1, iters / 4));
+}
+
 bool choose_wgmma_dense(int64_t tiles, int64_t wave_of_two, int iters) {
   LOWBIT_CHECK_ARG(tiles >= 1, "tiles", tiles, "at least 1");
   LOWBIT_CHECK_ARG(wave_of_two >= 1, "wave_of_two", wave_of_two, "at least 1");

@@ -138,6 +138,21 @@ TEST(W4A16WaveRule, StreamKRejectsBadArguments) {
 // The nine anchor shapes at 64 rows on an H100 (two-CTA wave 264):
 // long K or a two-CTA wave of tiles takes the three-CTA build, the short-K
 // grids of fewer tiles do not.
+TEST(W4A16WaveRule, UniformSplitFillsTheWaveWithFourIterationsPerCta) {
+  // sq4096 at 128 rows: 32 tiles on a 264-CTA wave, 64 k-iterations: 8.
+  EXPECT_EQ(wgmma_uniform_split(32, 264, 64), 8);
+  // Qwen3-14B's down projection at 512 rows: 80 tiles, 132 CTAs: 1.
+  EXPECT_EQ(wgmma_uniform_split(80, 132, 272), 1);
+  // Short K caps it: 12 k-iterations allow 3 splits, not 264 / 8 = 33.
+  EXPECT_EQ(wgmma_uniform_split(8, 264, 12), 3);
+  // A full wave or more, or K of fewer than 8 k-iterations: no split.
+  EXPECT_EQ(wgmma_uniform_split(300, 264, 64), 1);
+  EXPECT_EQ(wgmma_uniform_split(1, 264, 3), 1);
+  EXPECT_TRUE(test::throws_error([] { wgmma_uniform_split(0, 264, 64); }, ErrorKind::invalid_argument, "tiles"));
+  EXPECT_TRUE(test::throws_error([] { wgmma_uniform_split(8, 0, 64); }, ErrorKind::invalid_argument, "wave"));
+  EXPECT_TRUE(test::throws_error([] { wgmma_uniform_split(8, 264, 0); }, ErrorKind::invalid_argument, "iters"));
+}
+
 TEST(W4A16WaveRule, DenseBuildForLongKOrWideGrids) {
   constexpr int64_t kWave = 264;
   EXPECT_FALSE(choose_wgmma_dense(32, kWave, 64));    // sq4096

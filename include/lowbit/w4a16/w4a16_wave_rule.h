@@ -75,7 +75,7 @@ WgmmaTailSplit choose_wgmma_tail(int64_t tiles, int64_t wave, int iters, int for
 // 128 rows 33.5 -> 29.4, qwen3-qkv 37.9 -> 34.5; K of 256+ k-iterations lost
 // 1-6% the same way, and S = 2 was not measured everywhere.
 //
-// Returns G (the CTAs), or 0 for none. forced >= 2: that many CTAs, clamped
+// uniform_split: wgmma_uniform_split below. Returns G (the CTAs), or 0 for none. forced >= 2: that many CTAs, clamped
 // to [T, T x iters] (at least one k-iteration per CTA and at most two pieces
 // per CTA), wherever T < W, whatever the size of x; forced == 1: never;
 // forced == 0: the rule. Error(invalid_argument) for tiles, wave, iters or
@@ -84,6 +84,14 @@ int64_t choose_wgmma_stream_k(int64_t tiles, int64_t wave, int iters, int64_t un
                               int64_t x_bytes, int64_t l2_bytes);
 inline constexpr double kStreamKGain = 0.85;
 inline constexpr int kStreamKShortIters = 128;
+
+// The uniform K split of a grid of fewer tiles than a wave: the largest S
+// with tiles x S <= wave (at least 1), but at least 4 k-iterations per CTA
+// (S <= max(1, iters / 4)), so that a split's pipeline fill and partials do
+// not outweigh its K range. The first split the wgmma plan tries for 64+-row
+// tiles, and the baseline choose_wgmma_stream_k weighs stream-K against.
+// Error(invalid_argument) for tiles, wave or iters < 1.
+int64_t wgmma_uniform_split(int64_t tiles, int64_t wave, int iters);
 
 // Whether the 64-row wgmma tile runs its three-CTA build (80 registers, 6
 // warpgroups per SM) rather than its two-CTA one: when K is longer than
