@@ -17,7 +17,9 @@
 //     stage holds 64 rows of K = 128 bytes per row of x, stored with the
 //     128-byte swizzle (16-byte chunk c of row r at chunk c ^ (r % 8)) that the
 //     shared-memory descriptor names, so the tensor cores read it without bank
-//     conflicts. One thread fills a stage with the copy engine: a TMA tile
+//     conflicts. One thread fills a stage with the copy engine (for the
+//     64-row two-CTA and the 256-row tiles, a thread of a producer warp of
+//     its own: kHasProducer below): a TMA tile
 //     load of x (the tensor map applies the swizzle and zero-fills columns past
 //     K; see x_box_rows for rows past M) and 1-D bulk copies of the stage's 2-4 KB of weights
 //     and scale/zero pairs, all completing on the stage's mbarrier. (The first
@@ -29,7 +31,11 @@
 //     serializes every wgmma of a kernel in which registers of a wgmma operand
 //     are written while another wgmma is in flight (ptxas C7513, seen with
 //     double-buffered A registers and wait_group 1), which costs more than the
-//     overlap gains. The overlap comes from the other warpgroup: stages are
+//     overlap gains. (Double-buffered A registers with one batch per
+//     iteration, next iteration dequantized while this one's wgmma runs,
+//     compiled without C7513 and still measured 3% slower at 64 rows and
+//     10-16% slower at 128-1024 rows: docs/w4a16-gemm.md, v17.) The overlap
+//     comes from the other warpgroup: stages are
 //     handed over through mbarriers (full: the stage's bytes landed; empty:
 //     both warpgroups' wgmma finished reading), not a CTA-wide
 //     barrier per iteration, so the warpgroups drift apart by up to two
@@ -44,6 +50,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <atomic>
 #include <type_traits>
 
@@ -197,7 +204,7 @@ __device__ __forceinline__ WgmmaWork wgmma_work(const WgmmaArgs& args) {
 // Residency wanted: small tiles (decode) need several CTAs per SM to keep
 // enough weight bytes in flight; the 256-row tile holds 128 accumulators per
 // thread and runs alone. The 64-row tile also exists for three CTAs per SM
-// (kDense, 80 registers instead of 104, no spills): each warpgroup waits for
+// (kDense, 80 registers instead of 96-104, no spills): each warpgroup waits for
 // its own wgmma batch before it dequantizes the next, so the SM's tensor
 // cores are fed only while some other warpgroup has its batch ready, and six
 // warpgroups per SM hide that chain better than four (Nsight Compute at 64
@@ -211,8 +218,31 @@ constexpr int kMinCtasPerSm = kMTile == 256 ? 1 : (kMTile == kWgmmaDenseRows && 
 // kernels of the other paths carry none of its code: the piece boundary in
 // the K loop and its bookkeeping changed the 256-row kernel's code enough to
 // cost 4-9% on grids that never take it (measured on the H100).
+//
+// A producer of its own (kHasProducer): the two-CTA 64-row tile and the
+// 256-row tile issue every stage's copies from lane 0 of a 9th warp, resp.
+// of a third warpgroup, instead of from thread 0 of the first consumer
+// warpgroup. There, that thread's copies and its waits for a released stage
+// (both warpgroups done with iteration j - 2) sat in warpgroup 0's serial
+// chain (wait for the stage, dequantize, wgmma, wait for the wgmma), and the
+// chain is what bounds these tiles (docs/w4a16-gemm.md, v16). Measured on
+// the H100, each build against the same code without it in one run (v17):
+// 64 rows, two CTAs per SM +4-11% on all nine shapes (geomean 1.63 -> 1.72x
+// cuBLAS); 256-row tiles +3.7% at 512 rows (the stream-K grids of the
+// 5120-column layers +15%), +1% at 256 and 1024, Qwen3-14B qkv -5%. The
+// 256-row tile needs 210 registers per consumer thread; a 9th warp would
+// cap every thread at 168 (three warps on one scheduler's 16K registers),
+// so the producer is a warpgroup that hands its registers to the consumers
+// (setmaxnreg: 40 for it, 232 for them, 16128 of a scheduler's 16384). Not
+// for the three-CTA 64-row build (it would drop from 80 to 72 registers) or
+// the 16/32/128-row tiles (four, four and two CTAs per SM: 56, 56 and 96
+// registers instead of 64, 64 and 114-127).
+template <int kMTile, bool kDense>
+constexpr bool kHasProducer = !kDense && (kMTile == 64 || kMTile == 256);
+template <int kMTile, bool kDense>
+constexpr int kCtaThreads = kThreads + (!kHasProducer<kMTile, kDense> ? 0 : kMTile == 256 ? 128 : 32);
 template <typename T, int kMTile, bool kFloatZero, bool kStreamK, bool kDense>
-__global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile, kDense>)
+__global__ void __launch_bounds__(kCtaThreads<kMTile, kDense>, kMinCtasPerSm<kMTile, kDense>)
     w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap x_map, const WgmmaArgs args) {
   static_assert(!kStreamK || kMTile >= kWgmmaMinTailRows, "stream-K runs tiles of 64 rows and more");
   static_assert(!kDense || kMTile == kWgmmaDenseRows, "only the 64-row tile has a three-CTA build");
@@ -321,11 +351,35 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile, kDense>)
   // weights, which no kernel writes, are requested before waiting for the
   // previous kernel; x, y and the split-K workspace only after it. At decode
   // this hides the pipeline's fill latency behind the previous kernel's tail.
-  if (tid == 0)
+  constexpr bool kProducer = kHasProducer<kMTile, kDense>;
+  if constexpr (kProducer) {
+    if constexpr (kMTile == 256) {  // the producer warpgroup hands its registers to the consumers
+      if (tid >= kThreads) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+      else asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    }
+    if (tid >= kThreads) {
+      if (tid == kThreads)
+        for (int i = 0; i < kAhead && i < n; ++i) produce_weights(i);
+      cuda::pdl_wait();
+      cuda::pdl_launch_dependents();
+      if (tid == kThreads) {
+        for (int i = 0; i < kAhead && i < n; ++i) produce_x(i);
+        for (int i = kAhead; i < n; ++i) produce(i);
+      }
+      return;
+    }
+  }
+  // From here on only the 256 consumer threads run: with a producer, their
+  // barriers are named barrier 1 (the producer has returned).
+  auto consumer_sync = [] {
+    if constexpr (kProducer) asm volatile("bar.sync 1, 256;" ::: "memory");
+    else __syncthreads();
+  };
+  if (!kProducer && tid == 0)
     for (int i = 0; i < kAhead && i < n; ++i) produce_weights(i);
   cuda::pdl_wait();
   cuda::pdl_launch_dependents();
-  if (tid == 0)
+  if (!kProducer && tid == 0)
     for (int i = 0; i < kAhead && i < n; ++i) produce_x(i);
   const int col0 = warp * 16 + g, col1 = col0 + 8;  // this lane's columns within the 64-column block
   // Accumulator i*4 + e: W^T row g (+8 for e >= 2) = output column, x row
@@ -404,7 +458,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile, kDense>)
   // resident.
   auto publish_stream_k_partial = [&](int tile) {
     store_partial(reinterpret_cast<float4*>(args.partial) + blockIdx.x * kSlotFloat4s + tid);
-    __syncthreads();  // every thread's partials are stored before thread 0's release
+    consumer_sync();  // every thread's partials are stored before thread 0's release
     if (tid == 0) red_add_release_gpu(args.counters + tile, 1);
   };
   auto finish_stream_k_piece = [&](int tile, int k_begin, int len) {
@@ -423,7 +477,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile, kDense>)
         stream_k_cta_of((tile + 1) * args.iters - 1, total, args.stream_k_ctas) - static_cast<int>(blockIdx.x);
     if (tid == 0)
       while (load_acquire_gpu(flag) < others) __nanosleep(100);
-    __syncthreads();
+    consumer_sync();
     add_partials(slots + (blockIdx.x + 1) * kSlotFloat4s, others);
     store_y();
     if (tid == 0) *flag = 0;  // ready for the next call
@@ -475,7 +529,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile, kDense>)
     for (int ks = 0; ks < 4; ++ks) Wgmma<kMTile, kBf16>::run(acc, a[ks], sw128_desc(x_addr + ks * 32));
     wgmma_commit();
     // The next loads go out while the tensor cores work.
-    if (tid == 0 && j + kAhead < n) produce(j + kAhead);
+    if (!kProducer && tid == 0 && j + kAhead < n) produce(j + kAhead);
     wgmma_wait<0>();
     fence_accumulators(acc);
     mbar_arrive(empty_bar + 8 * s);
@@ -510,9 +564,9 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile, kDense>)
     // A tail tile's slots: [tail_index][split].
     float4* slots = reinterpret_cast<float4*>(args.partial) + work.tail_index * n_splits * kSlotFloat4s + tid;
     store_partial(slots + split * kSlotFloat4s);
-    __syncthreads();  // every thread's partials are stored before thread 0's release
+    consumer_sync();  // every thread's partials are stored before thread 0's release
     if (tid == 0) last_cta = atomic_add_acq_rel_gpu(counter, 1) == n_splits - 1;
-    __syncthreads();
+    consumer_sync();
     if (!last_cta) return;
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
@@ -525,9 +579,9 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile, kDense>)
   for_each_output(
       [&](int row, int col, float v) { __stcg(partial + static_cast<int64_t>(row) * args.N_pad + col, v); });
   __threadfence();  // this thread's partials are visible device-wide before the count
-  __syncthreads();
+  consumer_sync();
   if (tid == 0) last_cta = atomicAdd(counter, 1) == n_splits - 1;
-  __syncthreads();
+  consumer_sync();
   if (!last_cta) return;
   __threadfence();
   // The last CTA's sum is a chain of L2 round trips: float4 loads, four per
@@ -544,7 +598,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile, kDense>)
     // same order as the loop (the same bits).
     float4* staged = reinterpret_cast<float4*>(smem);
     const int pairs = quads * n_splits;
-    __syncthreads();  // every warpgroup is done with the stages
+    consumer_sync();  // every warpgroup is done with the stages
     float4 v[kStagedPerThread];
 #pragma unroll
     for (int u = 0; u < kStagedPerThread; ++u) {
@@ -558,7 +612,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMTile, kDense>)
 #pragma unroll
     for (int u = 0; u < kStagedPerThread; ++u)
       if (tid + u * kThreads < pairs) staged[tid + u * kThreads] = v[u];
-    __syncthreads();
+    consumer_sync();
     // quads exceeds the thread count from 9 rows on (16-row tile at split 2).
     for (int q = tid; q < quads; q += kThreads) {
       const int row = m0 + q / 32, col = work.col_tile * 128 + (q % 32) * 4;
@@ -660,7 +714,8 @@ void launch_typed(const WgmmaArgs& args, cudaStream_t stream) {
                         ? dim3(row_tiles, col_tiles, static_cast<unsigned>(args.split_k))
                         : dim3(row_tiles * col_tiles - static_cast<unsigned>(args.tail_tiles) +
                                static_cast<unsigned>(args.tail_tiles * args.tail_split));
-  cuda::launch_with_pdl(kernel, grid, dim3(kThreads), static_cast<size_t>(Smem<kMTile>::kBytes), stream, map, args);
+  cuda::launch_with_pdl(kernel, grid, dim3(kCtaThreads<kMTile, kDense>), static_cast<size_t>(Smem<kMTile>::kBytes),
+                        stream, map, args);
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
 
@@ -754,9 +809,9 @@ namespace {
 
 int query_ctas_per_sm(int rows_per_tile, bool bf16, bool dense) {
   int per_sm = 0;
-  auto query = [&](auto kernel, int smem_bytes) {
+  auto query = [&](auto kernel, int smem_bytes, int threads = kThreads) {
     cuda::ensure_dynamic_smem(kernel, smem_bytes);
-    LOWBIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem_bytes));
+    LOWBIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem_bytes));
   };
   switch (rows_per_tile) {
     case 16:
@@ -772,16 +827,18 @@ int query_ctas_per_sm(int rows_per_tile, bool bf16, bool dense) {
         bf16 ? query(w4a16_wgmma_kernel<__nv_bfloat16, 64, false, false, true>, Smem<64>::kBytes)
              : query(w4a16_wgmma_kernel<half, 64, false, false, true>, Smem<64>::kBytes);
       else
-        bf16 ? query(w4a16_wgmma_kernel<__nv_bfloat16, 64, false, false, false>, Smem<64>::kBytes)
-             : query(w4a16_wgmma_kernel<half, 64, false, false, false>, Smem<64>::kBytes);
+        bf16 ? query(w4a16_wgmma_kernel<__nv_bfloat16, 64, false, false, false>, Smem<64>::kBytes,
+                     kCtaThreads<64, false>)
+             : query(w4a16_wgmma_kernel<half, 64, false, false, false>, Smem<64>::kBytes, kCtaThreads<64, false>);
       break;
     case 128:
       bf16 ? query(w4a16_wgmma_kernel<__nv_bfloat16, 128, false, false, false>, Smem<128>::kBytes)
            : query(w4a16_wgmma_kernel<half, 128, false, false, false>, Smem<128>::kBytes);
       break;
     default:
-      bf16 ? query(w4a16_wgmma_kernel<__nv_bfloat16, 256, false, false, false>, Smem<256>::kBytes)
-           : query(w4a16_wgmma_kernel<half, 256, false, false, false>, Smem<256>::kBytes);
+      bf16 ? query(w4a16_wgmma_kernel<__nv_bfloat16, 256, false, false, false>, Smem<256>::kBytes,
+                   kCtaThreads<256, false>)
+           : query(w4a16_wgmma_kernel<half, 256, false, false, false>, Smem<256>::kBytes, kCtaThreads<256, false>);
   }
   return std::max(1, per_sm);
 }
