@@ -56,7 +56,7 @@ bool choose_wgmma_dense(int64_t tiles, int64_t wave_of_two, int iters) {
   LOWBIT_CHECK_ARG(tiles >= 1, "tiles", tiles, "at least 1");
   LOWBIT_CHECK_ARG(wave_of_two >= 1, "wave_of_two", wave_of_two, "at least 1");
   LOWBIT_CHECK_ARG(iters >= 1, "iters", iters, "at least 1");
-  return iters > kStreamKShortIters || tiles >= wave_of_two;
+  return iters > kStreamKShortIters || 2 * tiles >= 3 * wave_of_two;
 }
 
 }  // namespace lowbit

@@ -153,19 +153,19 @@ TEST(W4A16WaveRule, UniformSplitFillsTheWaveWithFourIterationsPerCta) {
   EXPECT_TRUE(test::throws_error([] { wgmma_uniform_split(8, 264, 0); }, ErrorKind::invalid_argument, "iters"));
 }
 
-TEST(W4A16WaveRule, DenseBuildForLongKOrWideGrids) {
+TEST(W4A16WaveRule, DenseBuildForLongKOrThreeCtaWaves) {
   constexpr int64_t kWave = 264;
   EXPECT_FALSE(choose_wgmma_dense(32, kWave, 64));    // sq4096
   EXPECT_FALSE(choose_wgmma_dense(64, kWave, 128));   // sq8192: 128 is still short
   EXPECT_TRUE(choose_wgmma_dense(128, kWave, 256));   // sq16384
   EXPECT_FALSE(choose_wgmma_dense(56, kWave, 80));    // Qwen3-14B qkv
   EXPECT_FALSE(choose_wgmma_dense(40, kWave, 80));    // o
-  EXPECT_TRUE(choose_wgmma_dense(272, kWave, 80));    // gate/up: a wave of tiles
+  EXPECT_FALSE(choose_wgmma_dense(272, kWave, 80));   // gate/up: short K, less than a three-CTA wave
   EXPECT_TRUE(choose_wgmma_dense(40, kWave, 272));    // down
   EXPECT_TRUE(choose_wgmma_dense(448, kWave, 128));   // Llama-70B gate/up
   EXPECT_TRUE(choose_wgmma_dense(64, kWave, 448));    // down
-  EXPECT_TRUE(choose_wgmma_dense(264, kWave, 8));     // exactly a wave
-  EXPECT_FALSE(choose_wgmma_dense(263, kWave, 128));
+  EXPECT_TRUE(choose_wgmma_dense(396, kWave, 8));     // exactly a three-CTA wave
+  EXPECT_FALSE(choose_wgmma_dense(395, kWave, 128));
   EXPECT_TRUE(test::throws_error([] { choose_wgmma_dense(0, kWave, 8); }, ErrorKind::invalid_argument, "tiles"));
   EXPECT_TRUE(test::throws_error([] { choose_wgmma_dense(8, 0, 8); }, ErrorKind::invalid_argument, "wave_of_two"));
   EXPECT_TRUE(test::throws_error([] { choose_wgmma_dense(8, kWave, 0); }, ErrorKind::invalid_argument, "iters"));

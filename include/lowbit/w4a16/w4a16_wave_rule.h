@@ -95,14 +95,19 @@ int64_t wgmma_uniform_split(int64_t tiles, int64_t wave, int iters);
 
 // Whether the 64-row wgmma tile runs its three-CTA build (80 registers, 6
 // warpgroups per SM) rather than its two-CTA one: when K is longer than
-// kStreamKShortIters k-iterations or the grid has at least a two-CTA wave
-// of tiles (tiles >= wave_of_two, the two-CTA build's CTAs per SM times the
+// kStreamKShortIters k-iterations or the grid fills a three-CTA wave
+// (tiles >= 1.5 x wave_of_two, the two-CTA build's CTAs per SM times the
 // SMs). Measured on the H100 at 48 and 64 rows, both builds in one run
 // (docs/w4a16-gemm.md, v16): Llama-70B gate/up +18-21% (448 tiles), down
-// +7%, sq16384 +7%, Qwen3-14B down +4-5%; but the short-K grids of fewer
-// tiles than a wave, which run the short-K stream-K split sized for two
-// CTAs per SM, lost: sq8192 -16%, sq4096 -10% (Qwen3-14B o +4%, qkv and
-// gate/up +-1%). Error(invalid_argument) for tiles, wave_of_two or iters < 1.
+// +7%, sq16384 +7%, Qwen3-14B down +4-5%; the short-K grids of fewer tiles
+// than a wave, which run the short-K stream-K split sized for two CTAs per
+// SM, lost: sq8192 -16%, sq4096 -10%. Since the two-CTA build has a
+// producer warp (v17), it also wins on Qwen3-14B gate/up (272 tiles, 80
+// k-iterations: 68.0 against 73.9 us in one run, 67.0 against 72.8 in
+// another), a grid of just over a two-CTA wave that the three-CTA build
+// fills to two thirds; v16's rule (a two-CTA wave of tiles) took the
+// three-CTA build there. Error(invalid_argument) for tiles, wave_of_two or
+// iters < 1.
 bool choose_wgmma_dense(int64_t tiles, int64_t wave_of_two, int iters);
 
 // Per split, what its partials cost in k-iterations of a whole tile (an
