@@ -73,21 +73,8 @@ Problem make_problem(int64_t M, formats::QuantizedLinear layer, DType dtype, uin
   return make_problem_from(std::move(p));
 }
 
-// Runs the GEMM on the device and returns y as floats; y is poisoned with NaN first.
-std::vector<uint16_t> run_gpu(const Problem& p, const W4A16Weights& w, W4A16Workspace& ws, const W4A16Options& o) {
-  const int64_t M = p.M, K = p.layer.K, N = p.layer.N;
-  Buffer x(static_cast<size_t>(M * K) * 2, Device::cuda), y(static_cast<size_t>(M * N) * 2, Device::cuda);
-  Buffer::copy(x.data(), Device::cuda, p.x.data(), Device::cpu, x.size());
-  LOWBIT_CUDA_CHECK(cudaMemset(y.data(), 0xFF, y.size()));  // 0xFFFF is NaN in f16 and bf16
-  w4a16_gemm(TensorView::contiguous(x.data(), p.dtype, {M, K}, Device::cuda), w,
-             TensorView::contiguous(y.data(), p.dtype, {M, N}, Device::cuda), ws, o);
-  LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
-  std::vector<uint16_t> out(static_cast<size_t>(M * N));
-  Buffer::copy(out.data(), Device::cpu, y.data(), Device::cuda, y.size());
-  return out;
-}
-
-// run_gpu on another device: weights, x, y and the workspace all on `device`.
+// Runs the GEMM on `device` (weights, x, y and the workspace all there) and
+// returns y; y is poisoned with NaN first.
 std::vector<uint16_t> run_gpu_on(int device, const Problem& p, const W4A16Weights& w, W4A16Workspace& ws,
                                  const W4A16Options& o) {
   cuda::DeviceGuard guard(device);
@@ -101,6 +88,11 @@ std::vector<uint16_t> run_gpu_on(int device, const Problem& p, const W4A16Weight
   std::vector<uint16_t> out(static_cast<size_t>(M * N));
   Buffer::copy(out.data(), Device::cpu, y.data(), Device::cuda, y.size());
   return out;
+}
+
+// The same on device 0.
+std::vector<uint16_t> run_gpu(const Problem& p, const W4A16Weights& w, W4A16Workspace& ws, const W4A16Options& o) {
+  return run_gpu_on(0, p, w, ws, o);
 }
 
 ::testing::AssertionResult matches_reference(const Problem& p, const std::vector<uint16_t>& y) {
