@@ -50,7 +50,6 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <atomic>
 #include <type_traits>
 
