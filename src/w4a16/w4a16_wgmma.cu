@@ -808,36 +808,34 @@ namespace {
 
 int query_ctas_per_sm(int rows_per_tile, bool bf16, bool dense) {
   int per_sm = 0;
-  auto query = [&](auto kernel, int smem_bytes, int threads = kThreads) {
-    cuda::ensure_dynamic_smem(kernel, smem_bytes);
-    LOWBIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem_bytes));
+  // Each kernel with the block size it is launched with (kCtaThreads: the
+  // producer warp or warpgroup included).
+  auto query = [&](auto rows, auto is_dense) {
+    constexpr int kRows = decltype(rows)::value;
+    constexpr bool kIsDense = decltype(is_dense)::value;
+    auto kernel = bf16 ? w4a16_wgmma_kernel<__nv_bfloat16, kRows, false, false, kIsDense>
+                       : w4a16_wgmma_kernel<half, kRows, false, false, kIsDense>;
+    cuda::ensure_dynamic_smem(kernel, Smem<kRows>::kBytes);
+    LOWBIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kCtaThreads<kRows, kIsDense>,
+                                                                    Smem<kRows>::kBytes));
   };
+  using std::integral_constant;
   switch (rows_per_tile) {
     case 16:
-      bf16 ? query(w4a16_wgmma_kernel<__nv_bfloat16, 16, false, false, false>, Smem<16>::kBytes)
-           : query(w4a16_wgmma_kernel<half, 16, false, false, false>, Smem<16>::kBytes);
+      query(integral_constant<int, 16>{}, std::false_type{});
       break;
     case 32:
-      bf16 ? query(w4a16_wgmma_kernel<__nv_bfloat16, 32, false, false, false>, Smem<32>::kBytes)
-           : query(w4a16_wgmma_kernel<half, 32, false, false, false>, Smem<32>::kBytes);
+      query(integral_constant<int, 32>{}, std::false_type{});
       break;
     case 64:
-      if (dense)
-        bf16 ? query(w4a16_wgmma_kernel<__nv_bfloat16, 64, false, false, true>, Smem<64>::kBytes)
-             : query(w4a16_wgmma_kernel<half, 64, false, false, true>, Smem<64>::kBytes);
-      else
-        bf16 ? query(w4a16_wgmma_kernel<__nv_bfloat16, 64, false, false, false>, Smem<64>::kBytes,
-                     kCtaThreads<64, false>)
-             : query(w4a16_wgmma_kernel<half, 64, false, false, false>, Smem<64>::kBytes, kCtaThreads<64, false>);
+      dense ? query(integral_constant<int, 64>{}, std::true_type{})
+            : query(integral_constant<int, 64>{}, std::false_type{});
       break;
     case 128:
-      bf16 ? query(w4a16_wgmma_kernel<__nv_bfloat16, 128, false, false, false>, Smem<128>::kBytes)
-           : query(w4a16_wgmma_kernel<half, 128, false, false, false>, Smem<128>::kBytes);
+      query(integral_constant<int, 128>{}, std::false_type{});
       break;
     default:
-      bf16 ? query(w4a16_wgmma_kernel<__nv_bfloat16, 256, false, false, false>, Smem<256>::kBytes,
-                   kCtaThreads<256, false>)
-           : query(w4a16_wgmma_kernel<half, 256, false, false, false>, Smem<256>::kBytes, kCtaThreads<256, false>);
+      query(integral_constant<int, 256>{}, std::false_type{});
   }
   return std::max(1, per_sm);
 }
