@@ -74,25 +74,17 @@
 #include "lowbit/kv/device_cache.h"
 #include "lowbit/kv/append_warp.cuh"
 #include "lowbit/kv/hadamard_warp.cuh"
+#include "kv/attention_mma.cuh"
+#include "kv/prefill_attention.h"
 
 namespace lowbit::kv {
 namespace {
 
-constexpr int kTile = 16;  // tokens per warp iteration: the n of two m16n8 score tiles, the k of one PV mma
-constexpr float kLog2e = 1.4426950408889634f;
+using namespace attention_mma;
 
 float softmax_scale_of(const KvCacheConfig& cfg, const DeviceDecodeOptions& options) {
   return options.softmax_scale > 0.0f ? options.softmax_scale : 1.0f / std::sqrt(static_cast<float>(cfg.head_dim));
 }
-
-enum Fmt : int { kTq4 = 0, kTq3 = 1, kTq2 = 2, kFp16 = 3 };
-
-// Bytes of one cached vector of d coordinates (paged_cache.h's row layout).
-__host__ __device__ constexpr int row_bytes(int f, int d) {
-  return f == kTq4 ? d / 2 : f == kTq3 ? 3 * d / 8 : f == kTq2 ? d / 4 : 2 * d;
-}
-__host__ __device__ constexpr int lut_entries(int f) { return f == kTq4 ? 256 : f == kTq3 ? 64 : f == kTq2 ? 16 : 0; }
-__host__ __device__ constexpr bool quantized(int f) { return f != kFp16; }
 
 struct AttnArgs {
   const std::byte* pool;
@@ -152,32 +144,6 @@ __device__ __forceinline__ void row_of(const AttnArgs& a, int r, int& table_row,
   }
 }
 
-__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
-  const __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-
-__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                         uint32_t b1) {
-  // Not volatile: a pure function of its registers, so the compiler may
-  // schedule the table loads of the next mma ahead of it.
-  asm(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 __device__ __forceinline__ uint32_t byte_of(uint32_t w, int k) { return (w >> (8 * k)) & 0xffu; }
 
 // N consecutive 32-bit words from an address aligned to 4N bytes, as one
@@ -235,14 +201,6 @@ template <int kRowWords>
 __device__ __forceinline__ uint32_t lookup(uint32_t table, uint32_t lane4, uint32_t word, int byte) {
   if constexpr (kRowWords == 64) return table_entry_wide(table, lane4, word, byte);
   else return table_entry(table, word, byte);
-}
-
-// 2^x on the SFU alone: exp2f's denormal handling costs 4 more instructions
-// per call, and results below 2^-126 are zero weight here anyway.
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
 }
 
 // The score tile, transposed: acc[4] += K[16 tokens x D] . Q'^T[D x 8
@@ -402,17 +360,6 @@ __device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
   uint32_t y;
   asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
   return y;
-}
-
-template <int kRowWords>
-__device__ __forceinline__ void fill_lut(uint32_t* lut, int f, const float* centroids) {
-  const int entries = lut_entries(f);
-  const int bits = f == kTq4 ? 4 : f == kTq3 ? 3 : 2;
-  const int mask = (1 << bits) - 1;
-  for (int i = threadIdx.x; i < entries * 32; i += blockDim.x) {
-    const int e = i >> 5;
-    lut[e * kRowWords + (i & 31)] = pack_half2(centroids[e & mask], centroids[e >> bits]);
-  }
 }
 
 // fp16 tiles are 4-8 KB: 4 warps, 2 CTAs per SM fit. Packed tiles are ~2 KB,
@@ -1184,7 +1131,14 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
   LOWBIT_CHECK_ARG(options.cta_warps == 0 || options.cta_warps == 8 || options.cta_warps == 16, "cta_warps",
                    options.cta_warps, "0 (chosen), 8 or 16");
   const DecodePlan plan = plan_decode(cfg, rows, max_length, sm_count(), options.cta_warps);
-  const int64_t split = options.split_tokens > 0 ? std::min(options.split_tokens, whole) : plan.split_tokens;
+  // Prefill: the tiled kernel (prefill_attention.cu) unless the caller asks
+  // for the decode kernel, one row per query token.
+  const bool tiled = prefill_row >= 0 && options.prefill_tiled;
+  LOWBIT_CHECK_ARG(!tiled || max_length < (int64_t{1} << 30), "first_pos + n_tokens", max_length,
+                   "below 2^30 positions for the tiled prefill");
+  const int64_t auto_split =
+      tiled ? tiled_prefill_split_tokens(rows, max_length, H, num_q_heads / H, sm_count()) : plan.split_tokens;
+  const int64_t split = options.split_tokens > 0 ? std::min(options.split_tokens, whole) : auto_split;
   const int max_splits = static_cast<int>((max_length + split - 1) / split);
   LOWBIT_CHECK_ARG(max_splits <= 65535, "split_tokens", split, "at most 65535 chunks per row");
   const int d = cfg.head_dim;
@@ -1256,8 +1210,8 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
   // The chunks of a row merged inside a cluster of its CTAs (sm_90, up to 8
   // chunks per row, V un-rotated by signs if at all), else by the merge
   // kernel from partials in global memory.
-  a.cluster_merge = options.cluster_merge && max_splits <= kMaxClusterChunks && (mt == nullptr || v_signs != nullptr) &&
-                    clusters_available();
+  a.cluster_merge = !tiled && options.cluster_merge && max_splits <= kMaxClusterChunks &&
+                    (mt == nullptr || v_signs != nullptr) && clusters_available();
   a.out = out;
   a.out16 = out16;
   a.v_signs = v_signs;
@@ -1277,14 +1231,35 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
     for (size_t i = 0; i < c.size(); ++i) dst[i] = c[i];
   }
   const dim3 grid(max_splits, H, rows);
+  if (tiled) {
+    TiledPrefillArgs t;
+    t.pool = a.pool;
+    t.slab_bytes = a.slab_bytes;
+    t.k_rows = a.k_rows, t.k_scales = a.k_scales, t.v_rows = a.v_rows, t.v_scales = a.v_scales;
+    t.scale_bytes = a.scale_bytes;
+    t.num_kv_heads = H, t.group = group, t.num_q_heads = num_q_heads, t.page_size = cfg.page_size;
+    t.table = a.tables + prefill_row * a.table_stride;
+    t.first_pos = static_cast<int>(first_pos);
+    t.n_tokens = rows;
+    t.q = a.q;
+    t.q_signs = a.q_signs;
+    t.q_rotate_scale = a.q_rotate_scale;
+    t.q_scale = a.q_scale;
+    t.split_tokens = static_cast<int>(split);
+    t.max_splits = max_splits;
+    t.part_out = a.part_out;
+    t.part_lse = a.part_lse;
+    for (int i = 0; i < 16; ++i) t.k_centroids[i] = a.k_centroids[i], t.v_centroids[i] = a.v_centroids[i];
+    launch_tiled_prefill(fmt_of(cfg.k_format), fmt_of(cfg.v_format), d, t, stream);
+  }
   if (d == 64) {
-    dispatch<64>(fmt_of(cfg.k_format), fmt_of(cfg.v_format), plan.wide, a, grid, stream);
+    if (!tiled) dispatch<64>(fmt_of(cfg.k_format), fmt_of(cfg.v_format), plan.wide, a, grid, stream);
     if (!a.cluster_merge) {
       cuda::launch_with_pdl(v_signs != nullptr ? merge_kernel<64, true> : merge_kernel<64, false>, dim3(rows, H),
                             dim3(kRotThreads<64>), 0, stream, a, mt, v_signs, out, out16);
     }
   } else {
-    dispatch<128>(fmt_of(cfg.k_format), fmt_of(cfg.v_format), plan.wide, a, grid, stream);
+    if (!tiled) dispatch<128>(fmt_of(cfg.k_format), fmt_of(cfg.v_format), plan.wide, a, grid, stream);
     if (!a.cluster_merge) {
       cuda::launch_with_pdl(v_signs != nullptr ? merge_kernel<128, true> : merge_kernel<128, false>, dim3(rows, H),
                             dim3(kRotThreads<128>), 0, stream, a, mt, v_signs, out, out16);

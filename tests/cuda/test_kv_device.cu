@@ -10,7 +10,8 @@
 //  - the decode attention's own append of the newest token
 //    (DeviceDecodeOptions::append_k) stores the append kernel's bytes and
 //    gives its output bits;
-//  - causal prefill (whole and chunked) likewise;
+//  - causal prefill (whole and chunked) likewise, through the tiled prefill
+//    kernel and through the decode kernel (one row per query token);
 //  - bad arguments throw.
 // Outputs are poisoned with NaN before each call, so an unwritten element fails.
 #include <gtest/gtest.h>
@@ -572,48 +573,93 @@ TEST(KvDevice, WriteThenDecodeEndToEnd) {
   EXPECT_TRUE(close_to_reference(from_device(out, q.size()), ref));
 }
 
-void check_prefill(KvFormat kf, KvFormat vf, int64_t len, int64_t first_pos, int64_t split_tokens,
-                   int head_dim = 128) {
-  SCOPED_TRACE(name(kf, vf) + " len " + std::to_string(len) + " first_pos " + std::to_string(first_pos) +
-               " d=" + std::to_string(head_dim));
-  const std::vector<int64_t> lens = {len};
-  const KvCacheConfig c =
-      make_config(kf, vf, 16, pages_for(lens, 16), 8, ScaleDType::f16, RotationKind::haar, head_dim);
-  HostBatch hb(c, lens, DataKind::gaussian, 77);
+// One causal prefill call (tokens first_pos .. len - 1 of one row, the
+// earlier ones cached before) through both kernels: the tiled prefill kernel
+// (the default) and the decode kernel with one row per query token
+// (prefill_tiled = false), each against the CPU reference of the quantized
+// path; for the decode kernel also the cluster merge against the merge
+// kernel's bits.
+struct PrefillCase {
+  KvFormat kf = KvFormat::tq4, vf = KvFormat::tq4;
+  int64_t len = 0, first_pos = 0, split_tokens = 0;
+  int head_dim = 128, page_size = 16, kv_heads = 8, q_heads = 40;
+  RotationKind rotation = RotationKind::haar;
+  ScaleDType scale = ScaleDType::f16;
+  DataKind data = DataKind::gaussian;
+};
+
+void check_prefill(const PrefillCase& p) {
+  SCOPED_TRACE(name(p.kf, p.vf) + " len " + std::to_string(p.len) + " first_pos " + std::to_string(p.first_pos) +
+               " split " + std::to_string(p.split_tokens) + " d=" + std::to_string(p.head_dim) + " page " +
+               std::to_string(p.page_size) + " heads " + std::to_string(p.q_heads) + "/" + std::to_string(p.kv_heads) +
+               (p.rotation == RotationKind::hadamard ? " hadamard" : " haar") +
+               (p.scale == ScaleDType::f32 ? " f32 scales" : ""));
+  const std::vector<int64_t> lens = {p.len};
+  const KvCacheConfig c = make_config(p.kf, p.vf, p.page_size, pages_for(lens, p.page_size), p.kv_heads, p.scale,
+                                      p.rotation, p.head_dim);
+  HostBatch hb(c, lens, p.data, 77);
   DeviceKvCache dev(c);
   dev.upload(hb.cache);
   const DeviceBlockTables tables = DeviceBlockTables::from_cache(hb.cache, hb.seqs);
-  const int64_t n = len - first_pos;
-  const std::vector<float> q = kvtest::random_rows(n, 40, head_dim, 6, DataKind::gaussian, false);
+  const int64_t n = p.len - p.first_pos;
+  const std::vector<float> q = kvtest::random_rows(n, p.q_heads, p.head_dim, 6, DataKind::gaussian, false);
   std::vector<float> ref(q.size());
-  paged_prefill_attention_ref(hb.cache, kTestLayer, hb.seqs[0], first_pos, n, 40, q, ref);
+  paged_prefill_attention_ref(hb.cache, kTestLayer, hb.seqs[0], p.first_pos, n, p.q_heads, q, ref);
   const Buffer qd = to_device(q);
-  Buffer out = poisoned_output(q.size());
   AttentionWorkspace ws;
   DeviceDecodeOptions o;
-  o.split_tokens = split_tokens;
-  device_prefill_attention(dev, kTestLayer, tables, 0, first_pos, n, 40, qd.as<float>(), out.as<float>(), ws, o);
-  LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
-  const std::vector<float> got = from_device(out, q.size());
-  EXPECT_TRUE(close_to_reference(got, ref));
-  Buffer out_kernel = poisoned_output(q.size());
+  o.split_tokens = p.split_tokens;
+  auto run = [&](const DeviceDecodeOptions& opt) {
+    Buffer out = poisoned_output(q.size());
+    device_prefill_attention(dev, kTestLayer, tables, 0, p.first_pos, n, p.q_heads, qd.as<float>(), out.as<float>(),
+                             ws, opt);
+    LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+    return from_device(out, q.size());
+  };
+  EXPECT_TRUE(close_to_reference(run(o), ref)) << "tiled prefill kernel";
+  o.prefill_tiled = false;
+  const std::vector<float> got = run(o);
+  EXPECT_TRUE(close_to_reference(got, ref)) << "decode kernel, one row per query token";
   o.cluster_merge = false;
-  device_prefill_attention(dev, kTestLayer, tables, 0, first_pos, n, 40, qd.as<float>(), out_kernel.as<float>(), ws,
-                           o);
-  LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
-  EXPECT_EQ(std::memcmp(from_device(out_kernel, q.size()).data(), got.data(), got.size() * 4), 0)
+  EXPECT_EQ(std::memcmp(run(o).data(), got.data(), got.size() * 4), 0)
       << "the cluster merge gives other bits than the merge kernel";
 }
 
 TEST(KvDevice, PrefillCausal) {
   LOWBIT_REQUIRE_GPU();
-  check_prefill(KvFormat::tq4, KvFormat::tq4, 200, 0, 0);
-  check_prefill(KvFormat::tq4, KvFormat::tq4, 333, 100, 0);   // chunked: earlier tokens already cached
-  check_prefill(KvFormat::tq4, KvFormat::tq4, 333, 100, 32);  // and split
-  check_prefill(KvFormat::fp16, KvFormat::tq3, 97, 17, 0);
-  check_prefill(KvFormat::tq2, KvFormat::fp16, 64, 0, 16);
-  check_prefill(KvFormat::tq4, KvFormat::tq4, 333, 100, 32, 64);
-  check_prefill(KvFormat::fp16, KvFormat::fp16, 97, 0, 0, 64);
+  check_prefill({.len = 200});
+  check_prefill({.len = 333, .first_pos = 100});                      // chunked: earlier tokens already cached
+  check_prefill({.len = 333, .first_pos = 100, .split_tokens = 32});  // and split
+  check_prefill({.kf = KvFormat::fp16, .vf = KvFormat::tq3, .len = 97, .first_pos = 17});
+  check_prefill({.kf = KvFormat::tq2, .vf = KvFormat::fp16, .len = 64, .split_tokens = 16});
+  check_prefill({.len = 333, .first_pos = 100, .split_tokens = 32, .head_dim = 64});
+  check_prefill({.kf = KvFormat::fp16, .vf = KvFormat::fp16, .len = 97, .head_dim = 64});
+}
+
+// The tiled prefill kernel's own edges: every format pair (its decode of
+// each row format into fp16 tiles), both head dimensions, Hadamard queries
+// rotated inside the CTAs, f32 scales, outlier channels; query blocks of
+// 16-64 tokens for groups of 1-8 query heads (4-8 warps of 16 rows), block
+// ends inside a key tile, pages smaller and larger than a 64-key tile,
+// chunks that are not whole tiles, a short block over a long history (the
+// automatic split then cuts the history into chunks), a single token.
+TEST(KvDevice, PrefillTiledKernelEdges) {
+  LOWBIT_REQUIRE_GPU();
+  for (KvFormat kf : kAllFormats)
+    for (KvFormat vf : kAllFormats) check_prefill({.kf = kf, .vf = vf, .len = 150, .first_pos = 30});
+  for (KvFormat f : kAllFormats)
+    check_prefill({.kf = f, .vf = f, .len = 150, .first_pos = 30, .head_dim = 64, .page_size = 32});
+  check_prefill({.len = 300, .first_pos = 45, .rotation = RotationKind::hadamard});
+  check_prefill({.len = 300, .first_pos = 45, .head_dim = 64, .rotation = RotationKind::hadamard});
+  check_prefill({.kf = KvFormat::tq3, .vf = KvFormat::tq4, .len = 211, .scale = ScaleDType::f32,
+                 .data = DataKind::outliers});
+  for (int group : {1, 2, 3, 4, 6, 7, 8})
+    check_prefill({.len = 181, .first_pos = 40, .page_size = 64, .kv_heads = 2, .q_heads = 2 * group});
+  check_prefill({.len = 200, .split_tokens = 48, .page_size = 256});
+  check_prefill({.len = 200, .first_pos = 3, .split_tokens = 80, .page_size = 128});
+  check_prefill({.len = 2100, .first_pos = 2095, .page_size = 128});  // 5 tokens over 2095 cached ones
+  check_prefill({.len = 1, .first_pos = 0});
+  check_prefill({.len = 64, .first_pos = 63, .page_size = 64});
 }
 
 // The split heuristic (host code, runs without a GPU) on the benchmark's

@@ -19,7 +19,7 @@ struct KvAttentionBenchOptions {
   int page_size = 128;
   int reps = 50;                   // timed calls per decode point (median reported)
   int64_t prefill_tokens = 32768;  // the prefill whose K/V quantization is timed; 0 skips it
-  int prefill_reps = 3;            // the prefill attention takes ~0.1 s per call
+  int prefill_reps = 3;            // timed calls of each prefill kernel (the per-token one: ~0.2 s at 32k)
   std::vector<int64_t> split_tokens;  // chunk lengths timed besides the chosen one (multiples of 16)
   bool flush_by_reading = false;   // L2 eviction: false writes a buffer (as the SDPA anchors), true reads one
   bool hadamard = true;            // the tq4 cache's rotation: randomized Hadamard (the engine's default) or Haar

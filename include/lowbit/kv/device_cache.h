@@ -180,6 +180,11 @@ struct DeviceDecodeOptions {
   // decode step's critical path. False: always the merge kernel (tests,
   // benchmarks).
   bool cluster_merge = true;
+  // Prefill only: the tiled kernel, which decodes each key tile once per
+  // block of query tokens (src/kv/prefill_attention.cu). False: the decode
+  // kernel with one row per query token (the earlier path; tests and
+  // benchmarks compare the two).
+  bool prefill_tiled = true;
 };
 
 // What the decode attention multiplies the rotated queries by (its query

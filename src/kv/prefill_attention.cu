@@ -1,0 +1,433 @@
+// Causal prefill attention on the paged TurboQuant cache, tiled for tensor
+// cores: a CTA takes a block of query tokens of one KV head, every query head
+// of the group, and streams the keys of one KV chunk in 64-key tiles.
+//
+// Why it is not the decode kernel: the decode kernel (device_attention.cu)
+// runs one query token per row, so a prefill of n tokens decodes every
+// cached vector n times and re-reads the block's K/V for every query token;
+// its mma rows are keys, and the <= 8 query heads of one token are its only
+// columns. At 32k tokens that was ~200 ms per layer, where the arithmetic of
+// causal attention is ~11 TFLOP (20 ms at half of the H100's fp16 peak).
+// Here a key tile is dequantized once per CTA into shared memory as fp16 and
+// then multiplied by 16 * warps query rows (flash-attention 2's order: the
+// query rows are the mma's m, the keys its n for Q K^T and its k for P V).
+//
+// Per key tile:
+//  1. The packed rows and scales of the next tile are copied (cp.async) into
+//     the other half of a two-stage raw buffer while this one is decoded.
+//  2. Every thread decodes 16-byte pieces (8 coordinates) of K and V rows
+//     through the centroid pair tables (attention_mma.cuh; one shared load
+//     per pair, a copy of the table per lane so random indices do not
+//     collide in banks) into fp16 tiles whose 16-byte chunks are XOR-swizzled
+//     by the key: ldmatrix then reads 8 keys' chunks from 8 distinct bank
+//     groups. Keys past the chunk are zeros (their slots may hold anything;
+//     0 * NaN would poison P V), their scales 0.
+//  3. Each warp: S = Q K^T (Q's fragments in registers for the whole call,
+//     K's from ldmatrix), times the keys' scales, causal mask, online softmax
+//     in exp2 (the queries carry softmax_scale * log2(e)); P times V's
+//     scales goes to fp16 as the A operand of O += P V (V's fragments from
+//     ldmatrix.trans), the row sums take P alone. The scores and values stay
+//     in the rotated domain: the queries are rotated once (here, for a
+//     Hadamard cache; by the rotation kernel for a Haar one), the merge
+//     kernel un-rotates each output once.
+// The result per (token, query head, chunk) is what the decode kernel leaves
+// for the merge kernel: the normalized output and the log-sum-exp (log2).
+#include <cuda_fp16.h>
+
+#include <algorithm>
+
+#include "kv/attention_mma.cuh"
+#include "kv/prefill_attention.h"
+#include "lowbit/core/error.h"
+#include "lowbit/cuda/check.h"
+#include "lowbit/cuda/kernel_smem.h"
+#include "lowbit/cuda/pdl.cuh"
+#include "lowbit/kv/hadamard_warp.cuh"
+
+namespace lowbit::kv::attention_mma {
+namespace {
+
+constexpr int kKeyTile = 64;  // keys per iteration: 8 n-tiles of Q K^T, 4 k-steps of P V
+constexpr int kMaxWarps = 8;  // group 8: 16 tokens x 8 heads = 128 rows
+
+template <int KF, int VF, int D>
+struct PrefillLayout {
+  static constexpr int KR = row_bytes(KF, D), VR = row_bytes(VF, D);
+  static constexpr int kChunks = D / 8;  // 16-byte chunks of an fp16 row
+  static constexpr int kLutWords = 32 * (lut_entries(KF) + (VF == KF ? 0 : lut_entries(VF)));
+  static constexpr int kTileBytes = kKeyTile * D * 2;  // one fp16 tile (K or V)
+  static constexpr int kF16Bytes = 2 * kTileBytes;
+  static constexpr int kRawK = kKeyTile * KR, kRawV = kKeyTile * VR;
+  static constexpr int kRawScales = kRawK + kRawV;  // K's scales, then V's at + 4 * kKeyTile
+  static constexpr int kRawBytes = kRawScales + 2 * 4 * kKeyTile;
+  static constexpr int kF16Offset = 4 * kLutWords;
+  static constexpr int kScaleOffset = kF16Offset + kF16Bytes;  // float k_scale[64], v_scale[64]
+  static constexpr int kRawOffset = kScaleOffset + 2 * 4 * kKeyTile;
+  // The warps' queries, staged once as fp16 rows padded by 16 bytes (8 rows'
+  // fragments then sit in distinct banks), 16 rows per warp, last.
+  static constexpr int kQStride = D + 8;
+  static constexpr int kQOffset = kRawOffset + 2 * kRawBytes;
+  static constexpr int smem_bytes(int warps) { return kQOffset + warps * 16 * kQStride * 2; }
+  static_assert(kF16Offset % 16 == 0 && kRawK % 16 == 0 && kRawV % 16 == 0, "16-byte copies");
+};
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// Coordinates 8 * chunk .. 8 * chunk + 7 of one cached row as 8 fp16 values
+// (paged_cache.h's row layouts); `lut` is this lane's copy of the pair table.
+template <int F, int D>
+__device__ __forceinline__ uint4 decode_chunk(const uint8_t* row, int chunk, const uint32_t* lut) {
+  if constexpr (F == kTq4) {  // byte b: coordinates 2b (low nibble), 2b + 1
+    const uint32_t w = *reinterpret_cast<const uint32_t*>(row + 4 * chunk);
+    return make_uint4(lut[(w & 0xffu) * 32], lut[((w >> 8) & 0xffu) * 32], lut[((w >> 16) & 0xffu) * 32],
+                      lut[(w >> 24) * 32]);
+  } else if constexpr (F == kTq2) {  // nibble k: coordinates 8 chunk + 2k, + 1
+    const uint32_t w = *reinterpret_cast<const uint16_t*>(row + 2 * chunk);
+    return make_uint4(lut[(w & 15u) * 32], lut[((w >> 4) & 15u) * 32], lut[((w >> 8) & 15u) * 32],
+                      lut[(w >> 12) * 32]);
+  } else if constexpr (F == kTq3) {  // the low 2-bit plane as tq2, bit 2 from the plane at D / 4
+    const uint32_t lo = *reinterpret_cast<const uint16_t*>(row + 2 * chunk);
+    const uint32_t hi = row[D / 4 + chunk];
+    uint32_t e[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t i0 = ((lo >> (4 * k)) & 3u) | (((hi >> (2 * k)) & 1u) << 2);
+      const uint32_t i1 = ((lo >> (4 * k + 2)) & 3u) | (((hi >> (2 * k + 1)) & 1u) << 2);
+      e[k] = lut[(i0 | (i1 << 3)) * 32];
+    }
+    return make_uint4(e[0], e[1], e[2], e[3]);
+  } else {
+    return *reinterpret_cast<const uint4*>(row + 16 * chunk);
+  }
+}
+
+template <int KF, int VF, int D>
+__global__ void __launch_bounds__(32 * kMaxWarps) tiled_prefill_kernel(TiledPrefillArgs a) {
+  using L = PrefillLayout<KF, VF, D>;
+  extern __shared__ float4 smem_f4[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>(smem_f4);
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, threads = blockDim.x;
+  const int g = lane >> 2, c = lane & 3;
+  const int G = a.group;
+  const int tokens_per_cta = threads / 32 * 16 / G;
+  // The last query blocks have the most keys: they go first, so the grid's
+  // tail is made of short CTAs.
+  const int qblock = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
+  const int h = blockIdx.y, split = blockIdx.z;
+  const int tok_begin = qblock * tokens_per_cta;
+  const int tok_end = min(a.n_tokens, tok_begin + tokens_per_cta);
+  const int kv_begin = split * a.split_tokens;
+  const int pos_last = a.first_pos + tok_end - 1;
+
+  // The tables depend on the arguments only: filled before the wait.
+  uint32_t* lut = reinterpret_cast<uint32_t*>(smem);
+  if constexpr (quantized(KF)) fill_lut<32>(lut, KF, a.k_centroids);
+  if constexpr (quantized(VF) && VF != KF) fill_lut<32>(lut + 32 * lut_entries(KF), VF, a.v_centroids);
+  float lane_signs[D / 32];
+  if (a.q_signs != nullptr) load_lane_signs<D>(a.q_signs, lane_signs);
+  cuda::pdl_wait();  // q and the block's K/V come from the kernels before
+  if (kv_begin > pos_last) return;  // the chunk starts after the block's last token
+  const int kv_end = min(pos_last + 1, kv_begin + a.split_tokens);
+
+  // This lane's rows: g and g + 8 of the warp's 16 (token row / G, head row % G).
+  int pos[2], tok[2], head[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int row = warp * 16 + g + 8 * i;
+    tok[i] = tok_begin + row / G;
+    head[i] = row % G;
+    pos[i] = tok[i] < tok_end ? a.first_pos + tok[i] : -1;  // -1: padding, every key masked
+  }
+
+  // Queries: rotated (Hadamard) or scaled, staged once as fp16 in the
+  // warp's rows of the query area; each key tile reads their fragments with
+  // ldmatrix. (Held in registers for the whole call, they took the kernel
+  // to ~240 registers: one CTA per SM.)
+  __half* q_stage = reinterpret_cast<__half*>(smem + L::kQOffset) + warp * 16 * L::kQStride;
+  for (int i = 0; i < 16; ++i) {
+    const int row = warp * 16 + i, t = tok_begin + row / G, hd = row % G;
+    float v[D / 32];
+#pragma unroll
+    for (int u = 0; u < D / 32; ++u) v[u] = 0.0f;
+    if (t < tok_end) {  // the same for the whole warp
+      const float* src = a.q + (static_cast<int64_t>(t) * a.num_q_heads + h * G + hd) * D;
+#pragma unroll
+      for (int u = 0; u < D / 32; ++u) v[u] = src[lane + 32 * u];
+      if (a.q_signs != nullptr) {
+        hadamard_rotate_warp<D>(v, lane_signs, a.q_rotate_scale);
+      } else {
+#pragma unroll
+        for (int u = 0; u < D / 32; ++u) v[u] *= a.q_scale;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < D / 32; ++u) q_stage[i * L::kQStride + lane + 32 * u] = __float2half_rn(v[u]);
+  }
+  // ldmatrix x4 of the A fragment of k-step ks: rows 0-7 / 8-15 (lanes 0-7 /
+  // 8-15, then again for the upper 8 columns, lanes 16-31).
+  const uint32_t q_frag_s = static_cast<uint32_t>(__cvta_generic_to_shared(
+      q_stage + ((lane & 7) + 8 * ((lane >> 3) & 1)) * L::kQStride + 8 * (lane >> 4)));
+
+  const std::byte* head_slabs = a.pool + static_cast<int64_t>(h) * a.slab_bytes;
+  const int64_t page_stride = int64_t{a.num_kv_heads} * a.slab_bytes;
+  const int sb = a.scale_bytes;
+  // 16-byte pieces of one 16-key group (a group never crosses a page): K
+  // rows, V rows, K scales, V scales.
+  constexpr int kKPieces = L::KR, kVPieces = L::VR;
+  const int k_scale_pieces = quantized(KF) ? sb : 0, v_scale_pieces = quantized(VF) ? sb : 0;
+  const int group_pieces = kKPieces + kVPieces + k_scale_pieces + v_scale_pieces;
+  auto issue = [&](int tile_start, int stage) {
+    uint8_t* raw = smem + L::kRawOffset + stage * L::kRawBytes;
+    for (int p = tid; p < 4 * group_pieces; p += threads) {
+      const int grp = p / group_pieces;
+      int o = p - grp * group_pieces;
+      const int key0 = tile_start + 16 * grp;
+      if (key0 >= kv_end) continue;
+      const int page = a.table[key0 / a.page_size], slot = key0 % a.page_size;
+      const std::byte* slab = head_slabs + page * page_stride;
+      if (o < kKPieces) {
+        cp_async16(raw + grp * 16 * L::KR + 16 * o, slab + a.k_rows + slot * L::KR + 16 * o);
+      } else if ((o -= kKPieces) < kVPieces) {
+        cp_async16(raw + L::kRawK + grp * 16 * L::VR + 16 * o, slab + a.v_rows + slot * L::VR + 16 * o);
+      } else if ((o -= kVPieces) < k_scale_pieces) {
+        cp_async16(raw + L::kRawScales + grp * 16 * sb + 16 * o, slab + a.k_scales + slot * sb + 16 * o);
+      } else {
+        o -= k_scale_pieces;
+        cp_async16(raw + L::kRawScales + 4 * kKeyTile + grp * 16 * sb + 16 * o, slab + a.v_scales + slot * sb + 16 * o);
+      }
+    }
+  };
+
+  __half* k_tile = reinterpret_cast<__half*>(smem + L::kF16Offset);
+  __half* v_tile = k_tile + kKeyTile * D;
+  float* k_scale = reinterpret_cast<float*>(smem + L::kScaleOffset);
+  float* v_scale = k_scale + kKeyTile;
+  const uint32_t* lut_k = lut + (tid & 31);
+  const uint32_t* lut_v = VF == KF ? lut_k : lut_k + 32 * lut_entries(KF);
+  const uint32_t k_tile_s = static_cast<uint32_t>(__cvta_generic_to_shared(k_tile));
+  const uint32_t v_tile_s = static_cast<uint32_t>(__cvta_generic_to_shared(v_tile));
+  // An fp16 tile's 16-byte chunk (key, chunk), swizzled by the key.
+  auto chunk_offset = [](int key, int chunk) { return key * (2 * D) + ((chunk ^ (key & 7)) << 4); };
+
+  constexpr int kDT = D / 8;  // n-tiles of the output
+  float o[kDT][4];
+#pragma unroll
+  for (int dt = 0; dt < kDT; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+  const int n_tiles = (kv_end - kv_begin + kKeyTile - 1) / kKeyTile;
+  issue(kv_begin, 0);
+  cp_async_commit();
+  for (int it = 0; it < n_tiles; ++it) {
+    const int tile_start = kv_begin + it * kKeyTile;
+    cp_async_wait<0>();
+    __syncthreads();  // tile `it` is in; nobody reads the previous fp16 tiles any more
+    if (it + 1 < n_tiles) issue(tile_start + kKeyTile, (it + 1) & 1);
+    cp_async_commit();
+
+    // 2. Decode into the fp16 tiles.
+    const uint8_t* raw = smem + L::kRawOffset + (it & 1) * L::kRawBytes;
+    for (int u = tid; u < kKeyTile * L::kChunks; u += threads) {
+      const int key = u / L::kChunks, chunk = u % L::kChunks;
+      uint4 x = make_uint4(0u, 0u, 0u, 0u);
+      if (tile_start + key < kv_end) x = decode_chunk<KF, D>(raw + key * L::KR, chunk, lut_k);
+      *reinterpret_cast<uint4*>(reinterpret_cast<uint8_t*>(k_tile) + chunk_offset(key, chunk)) = x;
+    }
+    for (int u = tid; u < kKeyTile * L::kChunks; u += threads) {
+      const int key = u / L::kChunks, chunk = u % L::kChunks;
+      uint4 x = make_uint4(0u, 0u, 0u, 0u);
+      if (tile_start + key < kv_end) x = decode_chunk<VF, D>(raw + L::kRawK + key * L::VR, chunk, lut_v);
+      *reinterpret_cast<uint4*>(reinterpret_cast<uint8_t*>(v_tile) + chunk_offset(key, chunk)) = x;
+    }
+    if (tid < 2 * kKeyTile) {
+      const bool is_v = tid >= kKeyTile;
+      const int key = tid % kKeyTile;
+      const bool packed = is_v ? quantized(VF) : quantized(KF);
+      float s = 0.0f;
+      if (tile_start + key < kv_end) {
+        s = 1.0f;
+        if (packed) {
+          const uint8_t* sp = raw + L::kRawScales + (is_v ? 4 * kKeyTile : 0);
+          s = sb == 2 ? __half2float(reinterpret_cast<const __half*>(sp)[key]) : reinterpret_cast<const float*>(sp)[key];
+        }
+      }
+      k_scale[tid] = s;  // v_scale = k_scale + kKeyTile
+    }
+    __syncthreads();
+
+    // 3. S = Q K^T for the warp's 16 rows x 64 keys.
+    float s[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ks += 2) {
+      uint32_t qa[4], qb[4];  // the A fragments of k-steps ks and ks + 1
+      ldmatrix_x4(q_frag_s + 32 * ks, qa);
+      ldmatrix_x4(q_frag_s + 32 * (ks + 1), qb);
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        uint32_t b[4];  // chunks 2ks .. 2ks + 3 of keys 8nt .. 8nt + 7
+        const int key = 8 * nt + (lane & 7);
+        ldmatrix_x4(k_tile_s + chunk_offset(key, 2 * ks + (lane >> 3)), b);
+        mma16816(s[nt], qa[0], qa[1], qa[2], qa[3], b[0], b[1]);
+        mma16816(s[nt], qb[0], qb[1], qb[2], qb[3], b[2], b[3]);
+      }
+    }
+    // Scales and the causal mask; s[nt][2i + j]: row g + 8i, key 8nt + 2c + j.
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int key = 8 * nt + 2 * c + j, kpos = tile_start + key;
+        const float ksc = k_scale[key];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const bool live = kpos <= pos[i] && kpos < kv_end;
+          s[nt][2 * i + j] = live ? s[nt][2 * i + j] * ksc : -INFINITY;
+          mx[i] = fmaxf(mx[i], s[nt][2 * i + j]);
+        }
+      }
+    }
+    float alpha[2], base[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+      const float next = fmaxf(m[i], mx[i]);
+      // A row with no live key yet keeps -inf: exponents relative to 0 then
+      // give 0 for every masked score (and no -inf - -inf).
+      base[i] = next == -INFINITY ? 0.0f : next;
+      alpha[i] = fast_exp2(m[i] - base[i]);
+      m[i] = next;
+    }
+    float rowsum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        s[nt][q] = fast_exp2(s[nt][q] - base[q >> 1]);
+        rowsum[q >> 1] += s[nt][q];
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) l[i] = l[i] * alpha[i] + rowsum[i];
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt) {
+      o[dt][0] *= alpha[0], o[dt][1] *= alpha[0];
+      o[dt][2] *= alpha[1], o[dt][3] *= alpha[1];
+    }
+    // O += (P * s_v) V, 16 keys per k-step: the score accumulators of
+    // n-tiles 2kk and 2kk + 1 are the A fragment (flash-attention 2's
+    // register reuse).
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const float2 vs0 = *reinterpret_cast<const float2*>(v_scale + 16 * kk + 2 * c);
+      const float2 vs1 = *reinterpret_cast<const float2*>(v_scale + 16 * kk + 8 + 2 * c);
+      const uint32_t pa0 = pack_half2(s[2 * kk][0] * vs0.x, s[2 * kk][1] * vs0.y);
+      const uint32_t pa1 = pack_half2(s[2 * kk][2] * vs0.x, s[2 * kk][3] * vs0.y);
+      const uint32_t pa2 = pack_half2(s[2 * kk + 1][0] * vs1.x, s[2 * kk + 1][1] * vs1.y);
+      const uint32_t pa3 = pack_half2(s[2 * kk + 1][2] * vs1.x, s[2 * kk + 1][3] * vs1.y);
+      const int key = 16 * kk + (lane & 7) + 8 * ((lane >> 3) & 1);
+#pragma unroll
+      for (int dt = 0; dt < kDT; dt += 2) {
+        uint32_t b[4];  // keys 16kk .. +15 of output chunks dt, dt + 1, transposed
+        ldmatrix_x4_trans(v_tile_s + chunk_offset(key, dt + (lane >> 4)), b);
+        mma16816(o[dt], pa0, pa1, pa2, pa3, b[0], b[1]);
+        mma16816(o[dt + 1], pa0, pa1, pa2, pa3, b[2], b[3]);
+      }
+    }
+  }
+  cuda::pdl_launch_dependents();  // the merge kernel may launch; it waits for this grid
+
+  // Rows whose token lies before the chunk have no part in it (the merge
+  // kernel reads chunks 0 .. ceil((pos + 1) / split_tokens) - 1 only).
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+    if (pos[i] < kv_begin) continue;
+    const int64_t part = (static_cast<int64_t>(tok[i]) * a.num_q_heads + h * G + head[i]) * a.max_splits + split;
+    float* dst = a.part_out + part * D + 2 * c;
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt)
+      *reinterpret_cast<float2*>(dst + 8 * dt) = make_float2(o[dt][2 * i] / l[i], o[dt][2 * i + 1] / l[i]);
+    if (c == 0) a.part_lse[part] = m[i] + log2f(l[i]);
+  }
+}
+
+template <int KF, int VF, int D>
+void launch(const TiledPrefillArgs& a, cudaStream_t stream) {
+  using L = PrefillLayout<KF, VF, D>;
+  const int warps = tiled_prefill_warps(a.group), tokens = tiled_prefill_tokens_per_cta(a.group);
+  const dim3 grid((a.n_tokens + tokens - 1) / tokens, a.num_kv_heads, a.max_splits);
+  const int smem = L::smem_bytes(warps);
+  cuda::ensure_dynamic_smem(tiled_prefill_kernel<KF, VF, D>, smem);
+  cuda::launch_with_pdl(tiled_prefill_kernel<KF, VF, D>, grid, dim3(32 * warps), static_cast<size_t>(smem), stream, a);
+}
+
+template <int KF, int D>
+void dispatch_v(int vf, const TiledPrefillArgs& a, cudaStream_t stream) {
+  switch (vf) {
+    case kTq4:
+      return launch<KF, kTq4, D>(a, stream);
+    case kTq3:
+      return launch<KF, kTq3, D>(a, stream);
+    case kTq2:
+      return launch<KF, kTq2, D>(a, stream);
+    default:
+      return launch<KF, kFp16, D>(a, stream);
+  }
+}
+
+template <int D>
+void dispatch(int kf, int vf, const TiledPrefillArgs& a, cudaStream_t stream) {
+  switch (kf) {
+    case kTq4:
+      return dispatch_v<kTq4, D>(vf, a, stream);
+    case kTq3:
+      return dispatch_v<kTq3, D>(vf, a, stream);
+    case kTq2:
+      return dispatch_v<kTq2, D>(vf, a, stream);
+    default:
+      return dispatch_v<kFp16, D>(vf, a, stream);
+  }
+}
+
+}  // namespace
+
+// 16 rows per warp and whole tokens per CTA: group 4-8 takes 16 tokens in
+// `group` warps; smaller groups take more tokens, so that a CTA keeps at
+// least 4 warps to decode its tiles and share them.
+int tiled_prefill_warps(int group) { return group >= 4 ? group : group == 3 ? 6 : 4; }
+int tiled_prefill_tokens_per_cta(int group) { return 16 * tiled_prefill_warps(group) / group; }
+
+int64_t tiled_prefill_split_tokens(int n_tokens, int64_t max_length, int num_kv_heads, int group, int sm_count) {
+  const int tokens = tiled_prefill_tokens_per_cta(group);
+  const int64_t blocks = int64_t{(n_tokens + tokens - 1) / tokens} * num_kv_heads;
+  // Two waves of two CTAs per SM, and chunks of at least 4 tiles: a short
+  // block over a long history (chunked prefill) still fills the GPU.
+  const int64_t want = 4 * int64_t{std::max(sm_count, 1)};
+  const int64_t splits =
+      std::clamp<int64_t>((want + blocks - 1) / blocks, 1, std::max<int64_t>(1, max_length / (4 * kKeyTile)));
+  const int64_t per = (max_length + splits - 1) / splits;
+  return (per + kKeyTile - 1) / kKeyTile * kKeyTile;
+}
+
+void launch_tiled_prefill(int kf, int vf, int head_dim, const TiledPrefillArgs& a, cudaStream_t stream) {
+  LOWBIT_CHECK_ARG(head_dim == 64 || head_dim == 128, "head_dim", head_dim, "64 or 128");
+  LOWBIT_CHECK_ARG(a.group >= 1 && a.group <= kMaxWarps, "group", a.group, "1 to 8 query heads per KV head");
+  if (head_dim == 64) dispatch<64>(kf, vf, a, stream);
+  else dispatch<128>(kf, vf, a, stream);
+}
+
+}  // namespace lowbit::kv::attention_mma
