@@ -74,8 +74,8 @@
 #include "lowbit/kv/device_cache.h"
 #include "lowbit/kv/append_warp.cuh"
 #include "lowbit/kv/hadamard_warp.cuh"
-#include "kv/attention_mma.cuh"
-#include "kv/prefill_attention.h"
+#include "attention_mma.cuh"
+#include "prefill_attention.h"
 
 namespace lowbit::kv {
 namespace {

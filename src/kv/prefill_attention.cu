@@ -36,8 +36,8 @@
 
 #include <algorithm>
 
-#include "kv/attention_mma.cuh"
-#include "kv/prefill_attention.h"
+#include "attention_mma.cuh"
+#include "prefill_attention.h"
 #include "lowbit/core/error.h"
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/kernel_smem.h"
