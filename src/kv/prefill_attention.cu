@@ -62,7 +62,10 @@ struct PrefillLayout {
   static constexpr int kRawBytes = kRawScales + 2 * 4 * kKeyTile;
   static constexpr int kF16Offset = 4 * kLutWords;
   static constexpr int kScaleOffset = kF16Offset + kF16Bytes;  // float k_scale[64], v_scale[64]
-  static constexpr int kRawOffset = kScaleOffset + 2 * 4 * kKeyTile;
+  // The slab offsets of the 16-key groups of three tiles (a ring: the tile
+  // being copied, the next, and the one whose page numbers are loading).
+  static constexpr int kPageOffset = kScaleOffset + 2 * 4 * kKeyTile;
+  static constexpr int kRawOffset = kPageOffset + 3 * 4 * 8;
   // The warps' queries, staged once as fp16 rows padded by 16 bytes (8 rows'
   // fragments then sit in distinct banks), 16 rows per warp, last.
   static constexpr int kQStride = D + 8;
@@ -185,15 +188,26 @@ __global__ void __launch_bounds__(32 * kMaxWarps) tiled_prefill_kernel(TiledPref
   constexpr int kKPieces = L::KR, kVPieces = L::VR;
   const int k_scale_pieces = quantized(KF) ? sb : 0, v_scale_pieces = quantized(VF) ? sb : 0;
   const int group_pieces = kKPieces + kVPieces + k_scale_pieces + v_scale_pieces;
-  auto issue = [&](int tile_start, int stage) {
-    uint8_t* raw = smem + L::kRawOffset + stage * L::kRawBytes;
+  // The page of each 16-key group is looked up two tiles ahead (one lane
+  // per group, its latency behind a tile's work) and kept in shared memory:
+  // looked up by every copying thread right before its copies, the block
+  // table's round trip sat between the barrier and the first copy of every tile.
+  int64_t* group_slab = reinterpret_cast<int64_t*>(smem + L::kPageOffset);  // [3 tiles][4 groups]
+  auto group_offset = [&](int tile_start, int grp) -> int64_t {
+    const int key0 = tile_start + 16 * grp;
+    if (key0 >= kv_end) return -1;
+    return int64_t{a.table[key0 / a.page_size]} * 1024 + key0 % a.page_size;  // page, slot (< 256)
+  };
+  auto issue = [&](int tile_start, int tile_index) {
+    uint8_t* raw = smem + L::kRawOffset + (tile_index & 1) * L::kRawBytes;
+    const int64_t* slabs = group_slab + 4 * (tile_index % 3);
     for (int p = tid; p < 4 * group_pieces; p += threads) {
       const int grp = p / group_pieces;
       int o = p - grp * group_pieces;
-      const int key0 = tile_start + 16 * grp;
-      if (key0 >= kv_end) continue;
-      const int page = a.table[key0 / a.page_size], slot = key0 % a.page_size;
-      const std::byte* slab = head_slabs + page * page_stride;
+      const int64_t at = slabs[grp];  // page * 1024 + slot, or -1 past the chunk
+      if (at < 0) continue;
+      const int slot = static_cast<int>(at & 1023);
+      const std::byte* slab = head_slabs + (at >> 10) * page_stride;
       if (o < kKPieces) {
         cp_async16(raw + grp * 16 * L::KR + 16 * o, slab + a.k_rows + slot * L::KR + 16 * o);
       } else if ((o -= kKPieces) < kVPieces) {
@@ -225,28 +239,41 @@ __global__ void __launch_bounds__(32 * kMaxWarps) tiled_prefill_kernel(TiledPref
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
   const int n_tiles = (kv_end - kv_begin + kKeyTile - 1) / kKeyTile;
+  if (tid < 8) group_slab[tid] = group_offset(kv_begin + kKeyTile * (tid / 4), tid % 4);  // tiles 0 and 1
+  __syncthreads();
   issue(kv_begin, 0);
   cp_async_commit();
   for (int it = 0; it < n_tiles; ++it) {
     const int tile_start = kv_begin + it * kKeyTile;
     cp_async_wait<0>();
     __syncthreads();  // tile `it` is in; nobody reads the previous fp16 tiles any more
-    if (it + 1 < n_tiles) issue(tile_start + kKeyTile, (it + 1) & 1);
+    if (it + 1 < n_tiles) issue(tile_start + kKeyTile, it + 1);
     cp_async_commit();
+    int64_t ahead = -1;  // tile it + 2's page of group tid, stored after the decode
+    if (tid < 4) ahead = group_offset(tile_start + 2 * kKeyTile, tid);
 
-    // 2. Decode into the fp16 tiles.
+    // 2. Decode into the fp16 tiles, 4 pieces per thread at a time: their
+    // loads are independent, and shared-memory stores (which may alias the
+    // raw rows, as far as the compiler knows) come after all of them.
     const uint8_t* raw = smem + L::kRawOffset + (it & 1) * L::kRawBytes;
-    for (int u = tid; u < kKeyTile * L::kChunks; u += threads) {
-      const int key = u / L::kChunks, chunk = u % L::kChunks;
-      uint4 x = make_uint4(0u, 0u, 0u, 0u);
-      if (tile_start + key < kv_end) x = decode_chunk<KF, D>(raw + key * L::KR, chunk, lut_k);
-      *reinterpret_cast<uint4*>(reinterpret_cast<uint8_t*>(k_tile) + chunk_offset(key, chunk)) = x;
-    }
-    for (int u = tid; u < kKeyTile * L::kChunks; u += threads) {
-      const int key = u / L::kChunks, chunk = u % L::kChunks;
-      uint4 x = make_uint4(0u, 0u, 0u, 0u);
-      if (tile_start + key < kv_end) x = decode_chunk<VF, D>(raw + L::kRawK + key * L::VR, chunk, lut_v);
-      *reinterpret_cast<uint4*>(reinterpret_cast<uint8_t*>(v_tile) + chunk_offset(key, chunk)) = x;
+    constexpr int kUnits = kKeyTile * L::kChunks;  // per tile
+    for (int u0 = tid; u0 < 2 * kUnits; u0 += 4 * threads) {
+      uint4 x[4];
+      int off[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int u = u0 + j * threads;
+        const bool is_v = u >= kUnits;
+        const int key = (u % kUnits) / L::kChunks, chunk = u % L::kChunks;
+        off[j] = u < 2 * kUnits ? (is_v ? L::kTileBytes : 0) + chunk_offset(key, chunk) : -1;
+        x[j] = make_uint4(0u, 0u, 0u, 0u);
+        if (u < 2 * kUnits && tile_start + key < kv_end)
+          x[j] = is_v ? decode_chunk<VF, D>(raw + L::kRawK + key * L::VR, chunk, lut_v)
+                      : decode_chunk<KF, D>(raw + key * L::KR, chunk, lut_k);
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        if (off[j] >= 0) *reinterpret_cast<uint4*>(reinterpret_cast<uint8_t*>(k_tile) + off[j]) = x[j];
     }
     if (tid < 2 * kKeyTile) {
       const bool is_v = tid >= kKeyTile;
@@ -262,6 +289,7 @@ __global__ void __launch_bounds__(32 * kMaxWarps) tiled_prefill_kernel(TiledPref
       }
       k_scale[tid] = s;  // v_scale = k_scale + kKeyTile
     }
+    if (tid < 4) group_slab[4 * ((it + 2) % 3) + tid] = ahead;
     __syncthreads();
 
     // 3. S = Q K^T for the warp's 16 rows x 64 keys.
