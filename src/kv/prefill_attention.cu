@@ -35,6 +35,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "attention_mma.cuh"
 #include "prefill_attention.h"
@@ -114,7 +115,7 @@ __device__ __forceinline__ uint4 decode_chunk(const uint8_t* row, int chunk, con
 }
 
 template <int KF, int VF, int D>
-__global__ void __launch_bounds__(32 * kMaxWarps) tiled_prefill_kernel(TiledPrefillArgs a) {
+__global__ void __maxnreg__(168) tiled_prefill_kernel(TiledPrefillArgs a) {
   using L = PrefillLayout<KF, VF, D>;
   extern __shared__ float4 smem_f4[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(smem_f4);
@@ -140,6 +141,7 @@ __global__ void __launch_bounds__(32 * kMaxWarps) tiled_prefill_kernel(TiledPref
   cuda::pdl_wait();  // q and the block's K/V come from the kernels before
   if (kv_begin > pos_last) return;  // the chunk starts after the block's last token
   const int kv_end = min(pos_last + 1, kv_begin + a.split_tokens);
+  const int first_row_pos = a.first_pos + tok_begin;  // no key at or before it is masked for any row
 
   // This lane's rows: g and g + 8 of the warp's 16 (token row / G, head row % G).
   int pos[2], tok[2], head[2];
@@ -186,8 +188,6 @@ __global__ void __launch_bounds__(32 * kMaxWarps) tiled_prefill_kernel(TiledPref
   // 16-byte pieces of one 16-key group (a group never crosses a page): K
   // rows, V rows, K scales, V scales.
   constexpr int kKPieces = L::KR, kVPieces = L::VR;
-  const int k_scale_pieces = quantized(KF) ? sb : 0, v_scale_pieces = quantized(VF) ? sb : 0;
-  const int group_pieces = kKPieces + kVPieces + k_scale_pieces + v_scale_pieces;
   // The page of each 16-key group is looked up two tiles ahead (one lane
   // per group, its latency behind a tile's work) and kept in shared memory:
   // looked up by every copying thread right before its copies, the block
@@ -198,25 +198,34 @@ __global__ void __launch_bounds__(32 * kMaxWarps) tiled_prefill_kernel(TiledPref
     if (key0 >= kv_end) return -1;
     return int64_t{a.table[key0 / a.page_size]} * 1024 + key0 % a.page_size;  // page, slot (< 256)
   };
-  auto issue = [&](int tile_start, int tile_index) {
+  // Rows first (a group's 16 rows are contiguous in its page: K then V
+  // pieces, a compile-time count per group), then the scales (threads 0-31,
+  // at most 4 groups x 2 parts x 4 pieces). Written as one loop over mixed
+  // pieces with a runtime divisor it cost ~130 instructions per piece.
+  auto issue = [&](int tile_index) {
     uint8_t* raw = smem + L::kRawOffset + (tile_index & 1) * L::kRawBytes;
     const int64_t* slabs = group_slab + 4 * (tile_index % 3);
-    for (int p = tid; p < 4 * group_pieces; p += threads) {
-      const int grp = p / group_pieces;
-      int o = p - grp * group_pieces;
+    constexpr int kRowPieces = 4 * (kKPieces + kVPieces);
+    for (int p = tid; p < kRowPieces; p += threads) {
+      const bool is_v = p >= 4 * kKPieces;
+      const int q = is_v ? p - 4 * kKPieces : p;
+      const int grp = is_v ? q / kVPieces : q / kKPieces, o = is_v ? q - grp * kVPieces : q - grp * kKPieces;
       const int64_t at = slabs[grp];  // page * 1024 + slot, or -1 past the chunk
       if (at < 0) continue;
       const int slot = static_cast<int>(at & 1023);
       const std::byte* slab = head_slabs + (at >> 10) * page_stride;
-      if (o < kKPieces) {
-        cp_async16(raw + grp * 16 * L::KR + 16 * o, slab + a.k_rows + slot * L::KR + 16 * o);
-      } else if ((o -= kKPieces) < kVPieces) {
-        cp_async16(raw + L::kRawK + grp * 16 * L::VR + 16 * o, slab + a.v_rows + slot * L::VR + 16 * o);
-      } else if ((o -= kVPieces) < k_scale_pieces) {
-        cp_async16(raw + L::kRawScales + grp * 16 * sb + 16 * o, slab + a.k_scales + slot * sb + 16 * o);
-      } else {
-        o -= k_scale_pieces;
-        cp_async16(raw + L::kRawScales + 4 * kKeyTile + grp * 16 * sb + 16 * o, slab + a.v_scales + slot * sb + 16 * o);
+      if (is_v) cp_async16(raw + L::kRawK + grp * 16 * L::VR + 16 * o, slab + a.v_rows + slot * L::VR + 16 * o);
+      else cp_async16(raw + grp * 16 * L::KR + 16 * o, slab + a.k_rows + slot * L::KR + 16 * o);
+    }
+    if (tid < 32) {  // pieces: 2 parts x 4 groups x sb (2 or 4)
+      const int part = tid / 16, grp = (tid / 4) % 4, o = tid % 4;
+      const bool packed = part == 0 ? quantized(KF) : quantized(VF);
+      const int64_t at = slabs[grp];
+      if (packed && o < sb && at >= 0) {
+        const int slot = static_cast<int>(at & 1023);
+        const std::byte* slab = head_slabs + (at >> 10) * page_stride;
+        cp_async16(raw + L::kRawScales + part * 4 * kKeyTile + grp * 16 * sb + 16 * o,
+                   slab + (part == 0 ? a.k_scales : a.v_scales) + slot * sb + 16 * o);
       }
     }
   };
@@ -241,40 +250,47 @@ __global__ void __launch_bounds__(32 * kMaxWarps) tiled_prefill_kernel(TiledPref
   const int n_tiles = (kv_end - kv_begin + kKeyTile - 1) / kKeyTile;
   if (tid < 8) group_slab[tid] = group_offset(kv_begin + kKeyTile * (tid / 4), tid % 4);  // tiles 0 and 1
   __syncthreads();
-  issue(kv_begin, 0);
+  issue(0);
   cp_async_commit();
   for (int it = 0; it < n_tiles; ++it) {
     const int tile_start = kv_begin + it * kKeyTile;
     cp_async_wait<0>();
     __syncthreads();  // tile `it` is in; nobody reads the previous fp16 tiles any more
-    if (it + 1 < n_tiles) issue(tile_start + kKeyTile, it + 1);
+    if (it + 1 < n_tiles) issue(it + 1);
     cp_async_commit();
     int64_t ahead = -1;  // tile it + 2's page of group tid, stored after the decode
     if (tid < 4) ahead = group_offset(tile_start + 2 * kKeyTile, tid);
 
-    // 2. Decode into the fp16 tiles, 4 pieces per thread at a time: their
-    // loads are independent, and shared-memory stores (which may alias the
-    // raw rows, as far as the compiler knows) come after all of them.
+    // 2. Decode into the fp16 tiles: piece u of a part is key u / kChunks,
+    // chunk u % kChunks; 4 pieces per thread at a time, so that their loads
+    // are in flight together (the stores, which may alias the raw rows as
+    // far as the compiler knows, come after them). Keys past the chunk
+    // decode to zeros.
     const uint8_t* raw = smem + L::kRawOffset + (it & 1) * L::kRawBytes;
-    constexpr int kUnits = kKeyTile * L::kChunks;  // per tile
-    for (int u0 = tid; u0 < 2 * kUnits; u0 += 4 * threads) {
-      uint4 x[4];
-      int off[4];
+    const int live_keys = kv_end - tile_start;
+    auto decode_part = [&](auto format, const uint8_t* rows, int row_bytes_, const uint32_t* part_lut, uint8_t* tile) {
+      constexpr int F = decltype(format)::value;
+      constexpr unsigned kUnits = kKeyTile * L::kChunks, kShift = L::kChunks == 16 ? 4 : 3;
+      // Unsigned, power-of-two index arithmetic and no branches: signed
+      // divisions and a branch per piece made this ~50 instructions a piece.
+      for (unsigned u0 = tid; u0 < kUnits; u0 += 4 * threads) {
+        uint4 x[4];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int u = u0 + j * threads;
-        const bool is_v = u >= kUnits;
-        const int key = (u % kUnits) / L::kChunks, chunk = u % L::kChunks;
-        off[j] = u < 2 * kUnits ? (is_v ? L::kTileBytes : 0) + chunk_offset(key, chunk) : -1;
-        x[j] = make_uint4(0u, 0u, 0u, 0u);
-        if (u < 2 * kUnits && tile_start + key < kv_end)
-          x[j] = is_v ? decode_chunk<VF, D>(raw + L::kRawK + key * L::VR, chunk, lut_v)
-                      : decode_chunk<KF, D>(raw + key * L::KR, chunk, lut_k);
+        for (int j = 0; j < 4; ++j) {
+          const unsigned u = min(u0 + j * threads, kUnits - 1), key = u >> kShift, chunk = u & (L::kChunks - 1);
+          x[j] = decode_chunk<F, D>(rows + key * row_bytes_, static_cast<int>(chunk), part_lut);
+          if (static_cast<int>(key) >= live_keys) x[j] = make_uint4(0u, 0u, 0u, 0u);
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const unsigned u = u0 + j * threads, key = u >> kShift, chunk = u & (L::kChunks - 1);
+          if (u < kUnits)
+            *reinterpret_cast<uint4*>(tile + key * (2 * D) + ((chunk ^ (key & 7u)) << 4)) = x[j];
+        }
       }
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-        if (off[j] >= 0) *reinterpret_cast<uint4*>(reinterpret_cast<uint8_t*>(k_tile) + off[j]) = x[j];
-    }
+    };
+    decode_part(std::integral_constant<int, KF>{}, raw, L::KR, lut_k, reinterpret_cast<uint8_t*>(k_tile));
+    decode_part(std::integral_constant<int, VF>{}, raw + L::kRawK, L::VR, lut_v, reinterpret_cast<uint8_t*>(v_tile));
     if (tid < 2 * kKeyTile) {
       const bool is_v = tid >= kKeyTile;
       const int key = tid % kKeyTile;
@@ -311,18 +327,22 @@ __global__ void __launch_bounds__(32 * kMaxWarps) tiled_prefill_kernel(TiledPref
       }
     }
     // Scales and the causal mask; s[nt][2i + j]: row g + 8i, key 8nt + 2c + j.
+    // Only the tiles at the block's diagonal or the chunk's end mask keys
+    // (the test is the same for the whole CTA).
     float mx[2] = {-INFINITY, -INFINITY};
+    const bool masked = tile_start + kKeyTile - 1 > first_row_pos || tile_start + kKeyTile > kv_end;
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
+      const float2 ksc = *reinterpret_cast<const float2*>(k_scale + 8 * nt + 2 * c);
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        const int key = 8 * nt + 2 * c + j, kpos = tile_start + key;
-        const float ksc = k_scale[key];
+        const int kpos = tile_start + 8 * nt + 2 * c + j;
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-          const bool live = kpos <= pos[i] && kpos < kv_end;
-          s[nt][2 * i + j] = live ? s[nt][2 * i + j] * ksc : -INFINITY;
-          mx[i] = fmaxf(mx[i], s[nt][2 * i + j]);
+          float& x = s[nt][2 * i + j];
+          x *= j == 0 ? ksc.x : ksc.y;
+          if (masked && !(kpos <= pos[i] && kpos < kv_end)) x = -INFINITY;
+          mx[i] = fmaxf(mx[i], x);
         }
       }
     }
@@ -349,10 +369,14 @@ __global__ void __launch_bounds__(32 * kMaxWarps) tiled_prefill_kernel(TiledPref
     }
 #pragma unroll
     for (int i = 0; i < 2; ++i) l[i] = l[i] * alpha[i] + rowsum[i];
+    // Once the running maxima settle, skip the rescale unless a row of the
+    // warp needs it.
+    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
-    for (int dt = 0; dt < kDT; ++dt) {
-      o[dt][0] *= alpha[0], o[dt][1] *= alpha[0];
-      o[dt][2] *= alpha[1], o[dt][3] *= alpha[1];
+      for (int dt = 0; dt < kDT; ++dt) {
+        o[dt][0] *= alpha[0], o[dt][1] *= alpha[0];
+        o[dt][2] *= alpha[1], o[dt][3] *= alpha[1];
+      }
     }
     // O += (P * s_v) V, 16 keys per k-step: the score accumulators of
     // n-tiles 2kk and 2kk + 1 are the A fragment (flash-attention 2's
@@ -386,9 +410,10 @@ __global__ void __launch_bounds__(32 * kMaxWarps) tiled_prefill_kernel(TiledPref
     if (pos[i] < kv_begin) continue;
     const int64_t part = (static_cast<int64_t>(tok[i]) * a.num_q_heads + h * G + head[i]) * a.max_splits + split;
     float* dst = a.part_out + part * D + 2 * c;
+    const float inv = 1.0f / l[i];
 #pragma unroll
     for (int dt = 0; dt < kDT; ++dt)
-      *reinterpret_cast<float2*>(dst + 8 * dt) = make_float2(o[dt][2 * i] / l[i], o[dt][2 * i + 1] / l[i]);
+      *reinterpret_cast<float2*>(dst + 8 * dt) = make_float2(o[dt][2 * i] * inv, o[dt][2 * i + 1] * inv);
     if (c == 0) a.part_lse[part] = m[i] + log2f(l[i]);
   }
 }
