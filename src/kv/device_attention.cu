@@ -1,5 +1,8 @@
-// Decode (and, through the same kernel, causal prefill) attention directly on
-// the paged TurboQuant cache. Up to three kernels per call, chained with
+// Decode attention directly on the paged TurboQuant cache, and the entry
+// points of both decode and causal prefill (whose tiled kernel is in
+// prefill_attention.cu; with DeviceDecodeOptions::prefill_tiled = false a
+// prefill runs this decode kernel, one row per query token, as it did before
+// that kernel existed). Up to three kernels per call, chained with
 // programmatic dependent launch (with a Hadamard rotation and rows of at
 // most 8 chunks on sm_90, the second alone):
 //  1. rotate_queries (quantized K only): q' = q @ M once per query head
