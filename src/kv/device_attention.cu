@@ -1135,8 +1135,10 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
                    options.cta_warps, "0 (chosen), 8 or 16");
   const DecodePlan plan = plan_decode(cfg, rows, max_length, sm_count(), options.cta_warps);
   // Prefill: the tiled kernel (prefill_attention.cu) unless the caller asks
-  // for the decode kernel, one row per query token.
-  const bool tiled = prefill_row >= 0 && options.prefill_tiled;
+  // for the decode kernel, one row per query token, or the device's shared
+  // memory per block is too small for it.
+  const bool tiled = prefill_row >= 0 && options.prefill_tiled &&
+                     tiled_prefill_fits(fmt_of(cfg.k_format), fmt_of(cfg.v_format), cfg.head_dim, num_q_heads / H);
   LOWBIT_CHECK_ARG(!tiled || max_length < (int64_t{1} << 30), "first_pos + n_tokens", max_length,
                    "below 2^30 positions for the tiled prefill");
   const int64_t auto_split =

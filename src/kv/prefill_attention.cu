@@ -287,7 +287,7 @@ __global__ void __maxnreg__(168) tiled_prefill_kernel(TiledPrefillArgs a) {
         for (int j = 0; j < 4; ++j) {
           const unsigned u = u0 + j * threads, key = u >> kShift, chunk = u & (L::kChunks - 1);
           if (u < kUnits)
-            *reinterpret_cast<uint4*>(tile + key * (2 * D) + ((chunk ^ (key & 7u)) << 4)) = x[j];
+            *reinterpret_cast<uint4*>(tile + chunk_offset(static_cast<int>(key), static_cast<int>(chunk))) = x[j];
         }
       }
     };
@@ -430,31 +430,30 @@ void launch(const TiledPrefillArgs& a, cudaStream_t stream) {
   cuda::launch_with_pdl(tiled_prefill_kernel<KF, VF, D>, grid, dim3(32 * warps), static_cast<size_t>(smem), stream, a);
 }
 
-template <int KF, int D>
-void dispatch_v(int vf, const TiledPrefillArgs& a, cudaStream_t stream) {
-  switch (vf) {
-    case kTq4:
-      return launch<KF, kTq4, D>(a, stream);
-    case kTq3:
-      return launch<KF, kTq3, D>(a, stream);
-    case kTq2:
-      return launch<KF, kTq2, D>(a, stream);
-    default:
-      return launch<KF, kFp16, D>(a, stream);
-  }
-}
-
-template <int D>
-void dispatch(int kf, int vf, const TiledPrefillArgs& a, cudaStream_t stream) {
+// fn(integral_constant<KF>, integral_constant<VF>) for the runtime format codes.
+template <typename Fn>
+void with_formats(int kf, int vf, Fn&& fn) {
+  auto with_v = [&](auto k) {
+    switch (vf) {
+      case kTq4:
+        return fn(k, std::integral_constant<int, kTq4>{});
+      case kTq3:
+        return fn(k, std::integral_constant<int, kTq3>{});
+      case kTq2:
+        return fn(k, std::integral_constant<int, kTq2>{});
+      default:
+        return fn(k, std::integral_constant<int, kFp16>{});
+    }
+  };
   switch (kf) {
     case kTq4:
-      return dispatch_v<kTq4, D>(vf, a, stream);
+      return with_v(std::integral_constant<int, kTq4>{});
     case kTq3:
-      return dispatch_v<kTq3, D>(vf, a, stream);
+      return with_v(std::integral_constant<int, kTq3>{});
     case kTq2:
-      return dispatch_v<kTq2, D>(vf, a, stream);
+      return with_v(std::integral_constant<int, kTq2>{});
     default:
-      return dispatch_v<kFp16, D>(vf, a, stream);
+      return with_v(std::integral_constant<int, kFp16>{});
   }
 }
 
@@ -471,8 +470,9 @@ int tiled_prefill_tokens_per_cta(int group) { return 16 * tiled_prefill_warps(gr
 int64_t tiled_prefill_split_tokens(int n_tokens, int64_t max_length, int num_kv_heads, int group, int sm_count) {
   const int tokens = tiled_prefill_tokens_per_cta(group);
   const int64_t blocks = int64_t{(n_tokens + tokens - 1) / tokens} * num_kv_heads;
-  // Two waves of two CTAs per SM, and chunks of at least 4 tiles: a short
-  // block over a long history (chunked prefill) still fills the GPU.
+  // At least 4 CTAs per SM (one or two are resident at a time), and chunks
+  // of at least 4 tiles: a short block over a long history (chunked
+  // prefill) still fills the GPU.
   const int64_t want = 4 * int64_t{std::max(sm_count, 1)};
   const int64_t splits =
       std::clamp<int64_t>((want + blocks - 1) / blocks, 1, std::max<int64_t>(1, max_length / (4 * kKeyTile)));
@@ -480,11 +480,26 @@ int64_t tiled_prefill_split_tokens(int n_tokens, int64_t max_length, int num_kv_
   return (per + kKeyTile - 1) / kKeyTile * kKeyTile;
 }
 
+bool tiled_prefill_fits(int kf, int vf, int head_dim, int group) {
+  int device = 0, optin = 0;
+  LOWBIT_CUDA_CHECK(cudaGetDevice(&device));
+  LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  int bytes = 0;
+  with_formats(kf, vf, [&](auto k, auto v) {
+    const int warps = tiled_prefill_warps(group);
+    bytes = head_dim == 64 ? PrefillLayout<k.value, v.value, 64>::smem_bytes(warps)
+                           : PrefillLayout<k.value, v.value, 128>::smem_bytes(warps);
+  });
+  return bytes <= optin;
+}
+
 void launch_tiled_prefill(int kf, int vf, int head_dim, const TiledPrefillArgs& a, cudaStream_t stream) {
   LOWBIT_CHECK_ARG(head_dim == 64 || head_dim == 128, "head_dim", head_dim, "64 or 128");
   LOWBIT_CHECK_ARG(a.group >= 1 && a.group <= 8, "group", a.group, "1 to 8 query heads per KV head");
-  if (head_dim == 64) dispatch<64>(kf, vf, a, stream);
-  else dispatch<128>(kf, vf, a, stream);
+  with_formats(kf, vf, [&](auto k, auto v) {
+    if (head_dim == 64) launch<k.value, v.value, 64>(a, stream);
+    else launch<k.value, v.value, 128>(a, stream);
+  });
 }
 
 }  // namespace lowbit::kv::attention_mma

@@ -47,6 +47,11 @@ int tiled_prefill_tokens_per_cta(int group);
 // waves, chunks of whole 64-key tiles.
 int64_t tiled_prefill_split_tokens(int n_tokens, int64_t max_length, int num_kv_heads, int group, int sm_count);
 
+// Whether the kernel's shared memory for these formats and group fits the
+// current device's per-block opt-in limit (227 KB on sm_90, 163 KB on sm_80,
+// ~99 KB on sm_86/89: there the prefill keeps the decode kernel).
+bool tiled_prefill_fits(int kf, int vf, int head_dim, int group);
+
 // kf, vf: device_attention.cu's Fmt codes; head_dim 64 or 128. Launched with
 // programmatic dependent launch, grid (query blocks, KV heads, max_splits).
 void launch_tiled_prefill(int kf, int vf, int head_dim, const TiledPrefillArgs& a, cudaStream_t stream);

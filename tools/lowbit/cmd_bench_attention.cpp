@@ -29,10 +29,10 @@ void add_bench_attention_command(CLI::App& bench) {
       ->check(CLI::Range(16, 256))
       ->capture_default_str();
   cmd->add_option("--reps", options.reps, "Timed calls per decode point")->check(CLI::PositiveNumber)->capture_default_str();
-  cmd->add_option("--prefill-tokens", options.prefill_tokens, "Prefill length for the quantization cost (0: skip)")
+  cmd->add_option("--prefill-tokens", options.prefill_tokens, "Prefill length: times the K/V quantization and both prefill attention kernels, tiled and decode-per-token (0: skip)")
       ->check(CLI::Range(0, 65535))
       ->capture_default_str();
-  cmd->add_option("--prefill-reps", options.prefill_reps, "Timed calls of the prefill attention")
+  cmd->add_option("--prefill-reps", options.prefill_reps, "Timed calls of each prefill attention kernel")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->add_option("--split-tokens", options.split_tokens,
