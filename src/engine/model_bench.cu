@@ -76,14 +76,13 @@ bench::TimingStats time_step(CudaEngine& engine, const int32_t* d_tokens, int re
   return cuda::time_cuda([&](cudaStream_t) { engine.launch(d_tokens); }, timer);
 }
 
-// Five eager steps with an event after every stage: per-stage time per step,
-// beside the (graph) step time measured before.
-void print_breakdown(CudaEngine& engine, const int32_t* d_tokens, double step_us) {
+// `steps` eager steps (after one more as a warm-up) with an event after
+// every stage: per-stage time per step, beside the step time measured before.
+void print_breakdown(CudaEngine& engine, const int32_t* d_tokens, double step_us, int steps) {
   StepBreakdown b;
   engine.launch(d_tokens);  // warm-up
   engine.set_breakdown(&b);
-  constexpr int kSteps = 5;
-  for (int i = 0; i < kSteps; ++i) {
+  for (int i = 0; i < steps; ++i) {
     engine.launch(d_tokens);
     b.collect();
   }
@@ -220,7 +219,7 @@ void run_model_benchmark(const ModelBenchOptions& options) {
                         graph_used ? "  [graph]"
                                    : (graph_note.empty() ? "" : ("  [eager: " + graph_note + "]").c_str()));
             std::fflush(stdout);
-            if (options.breakdown) print_breakdown(*engine, d_ids.as<const int32_t>(), r.us);
+            if (options.breakdown) print_breakdown(*engine, d_ids.as<const int32_t>(), r.us, 5);
             if (json) {
               bench::BenchRow row{"model_decode",
                                   weights + "+" + kv_name,
@@ -262,6 +261,8 @@ void run_model_benchmark(const ModelBenchOptions& options) {
               results.push_back(p);
               std::printf("   %-50s prefill %8.1f us/step %8.0f tok/s\n", label.c_str(), p.us,
                           p.tokens_per_s);
+              std::fflush(stdout);
+              if (options.breakdown) print_breakdown(*engine, d_ids.as<const int32_t>(), p.us, 2);
               if (json) {
                 bench::BenchRow row{"model_prefill",
                                     weights + "+" + kv_name,

@@ -710,6 +710,14 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
       }
     }
     plan.split_k = static_cast<int>(std::clamp<int64_t>(choice, 1, iters));
+    LOWBIT_CHECK_ARG(options.wgmma_group_rows >= 0, "wgmma_group_rows", options.wgmma_group_rows,
+                     "0 (the rule) or a count of row tiles >= 1");
+    if (plan.stream_k_ctas == 0) {
+      const int64_t row_tiles = (M + plan.rows_per_pass - 1) / plan.rows_per_pass;
+      const int64_t x_tile_bytes = static_cast<int64_t>(plan.rows_per_pass) * w.K_padded() * 2;
+      plan.wgmma_group_rows =
+          choose_wgmma_group_rows(row_tiles, x_tile_bytes, l2_bytes(w.device()), options.wgmma_group_rows);
+    }
     return plan;
   }
   const int64_t m_passes = (M + plan.rows_per_pass - 1) / plan.rows_per_pass;
@@ -889,6 +897,7 @@ void w4a16_gemm(const TensorView& x, const W4A16Weights& w, const TensorView& y,
           2, static_cast<size_t>(M * w.N_padded()) * static_cast<size_t>(plan.split_k) * sizeof(float), false,
           w.device(), stream));
     }
+    a.group_rows = static_cast<int>(plan.wgmma_group_rows);
     if (plan.stream_k_ctas > 0 || plan.tail_tiles > 0 || plan.split_k > 1)
       a.counters = static_cast<int*>(
           workspace.scratch(3, static_cast<size_t>(tiles) * sizeof(int), true, w.device(), stream));

@@ -39,7 +39,7 @@ struct TiledGemmArgs {
   int iters;        // K_pad / 64
   int group_shift;  // log2(group size), or -1 for per channel
   int split_k;
-  // wgmma: the last tail_tiles output tiles (row tiles fastest) are split
+  // wgmma: the last tail_tiles output tiles (of the tile order, group_rows) are split
   // along K tail_split ways and every other tile is whole (split_k is then 1):
   // a grid of tiles that leaves its last wave of resident CTAs mostly empty
   // spreads that wave's work over the SMs. 0: every tile split split_k ways.
@@ -50,6 +50,11 @@ struct TiledGemmArgs {
   // cut into equal contiguous ranges (w4a16_wave_rule.h). Partials: one
   // slot of a whole tile's accumulators per CTA; counters: one per tile.
   int stream_k_ctas;
+  // wgmma without stream-K: the tiles are handed out in groups of this many
+  // row tiles, column tiles in turn, row tiles fastest in a group
+  // (choose_wgmma_group_rows); 0 or >= the row tiles: row tiles fastest over
+  // the whole grid.
+  int group_rows;
   int64_t x_up_offset;  // gemv: 0, or x holds gate | up and the kernel reads silu(gate) * up (up at x + x_up_offset)
   // gemv, W4A16Options: residual add in the epilogue (y read and written)
   // with per-row sums of squares per column block out, and RMSNorm of x.

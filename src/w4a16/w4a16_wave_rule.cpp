@@ -59,4 +59,15 @@ bool choose_wgmma_dense(int64_t tiles, int64_t wave_of_two, int iters) {
   return iters > kStreamKShortIters || 2 * tiles >= 3 * wave_of_two;
 }
 
+int64_t choose_wgmma_group_rows(int64_t row_tiles, int64_t x_tile_bytes, int64_t l2_bytes, int64_t forced) {
+  LOWBIT_CHECK_ARG(row_tiles >= 1, "row_tiles", row_tiles, "at least 1");
+  LOWBIT_CHECK_ARG(x_tile_bytes >= 1, "x_tile_bytes", x_tile_bytes, "at least 1");
+  LOWBIT_CHECK_ARG(l2_bytes >= 1, "l2_bytes", l2_bytes, "at least 1");
+  LOWBIT_CHECK_ARG(forced >= 0, "forced", forced, "0 (the rule) or a count of row tiles >= 1");
+  if (forced >= 1) return std::min(forced, row_tiles);
+  const int64_t budget = l2_bytes / 4;
+  if (row_tiles * x_tile_bytes <= budget) return row_tiles;
+  return std::clamp<int64_t>(budget / x_tile_bytes, 1, row_tiles);
+}
+
 }  // namespace lowbit

@@ -1062,6 +1062,70 @@ TEST(W4A16Gemm, WgmmaThreeCtaBuildMatchesTwoCtaBuild) {
                                  {"wgmma_ctas_per_sm"}));
 }
 
+// The order in which the wgmma grid hands out its tiles (groups of row
+// tiles, W4A16Options::wgmma_group_rows) changes which CTA computes a tile,
+// not how: every order gives the plain order's bits, with and without a K
+// split, and the partial last row tile and column tile land where they
+// belong. With leftover tiles split along K the split tiles are the last of
+// the order, so there only the reference is compared.
+TEST(W4A16Gemm, WgmmaTileGroupsGiveThePlainOrdersOutputs) {
+  LOWBIT_REQUIRE_GPU();
+  if (!w4a16_wgmma_available()) GTEST_SKIP() << "no sm_90a device/build (WgmmaRunsOnComputeCapability9 checks)";
+  W4A16Workspace ws;
+  uint64_t seed = 180;
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    const ZeroKind kind = dtype == DType::f16 ? ZeroKind::asym : ZeroKind::float_min_f16;
+    const auto layer = test::random_layer(1024, 950, 128, kind, seed++);  // 8 column tiles, the last one partial
+    const W4A16Weights w = W4A16Weights::prepare(layer, dtype);
+    const Problem p = make_problem(600, layer, dtype, seed++);  // 3 row tiles of 256, the last 88 rows
+    for (int split : {1, 2}) {
+      W4A16Options plain{W4A16Strategy::wgmma, split};
+      plain.wgmma_group_rows = 3;
+      const W4A16Plan plain_plan = w4a16_plan(p.M, w, plain);
+      ASSERT_EQ(plain_plan.rows_per_pass, 256);
+      ASSERT_EQ(plain_plan.split_k, split);
+      ASSERT_EQ(plain_plan.stream_k_ctas, 0);
+      ASSERT_EQ(plain_plan.tail_tiles, 0);
+      ASSERT_EQ(plain_plan.wgmma_group_rows, 3);
+      const auto y_plain = run_gpu(p, w, ws, plain);
+      EXPECT_TRUE(matches_reference(p, y_plain));
+      for (int group : {1, 2, 7}) {
+        SCOPED_TRACE(testing::Message() << dtype_name(dtype) << " split " << split << " groups of " << group);
+        W4A16Options o = plain;
+        o.wgmma_group_rows = group;
+        EXPECT_EQ(w4a16_plan(p.M, w, o).wgmma_group_rows, std::min(group, 3));
+        EXPECT_EQ(run_gpu(p, w, ws, o), y_plain);
+      }
+    }
+  }
+  // More tiles than a wave (one 256-row CTA per SM): 3 row tiles x (SMs / 2 +
+  // 3) column tiles leave tiles over for the tail split.
+  const int sms = cuda_device_info(0).sm_count;
+  const auto wide = test::random_layer(512, (sms / 2 + 3) * 128 - 40, 128, ZeroKind::sym, seed++);
+  const W4A16Weights ww = W4A16Weights::prepare(wide, DType::f16);
+  const Problem pw = make_problem(700, wide, DType::f16, seed++);
+  for (int group : {1, 2, 3}) {
+    SCOPED_TRACE(testing::Message() << "tail tiles, groups of " << group);
+    W4A16Options o{W4A16Strategy::wgmma, 0};
+    o.wgmma_group_rows = group;
+    o.tail_split = 2;
+    const W4A16Plan plan = w4a16_plan(pw.M, ww, o);
+    EXPECT_GT(plan.tail_tiles, 0);
+    EXPECT_TRUE(matches_reference(pw, run_gpu(pw, ww, ws, o)));
+  }
+  // The rule: x of 3 x 256 rows of 1024 halves fits in L2, so the plain
+  // order; stream-K grids (fewer tiles than a wave) have no tile order; a
+  // bad option is named.
+  const W4A16Weights small = W4A16Weights::random(1024, 950, 128, DType::f16, 11);
+  EXPECT_EQ(w4a16_plan(600, small, W4A16Options{W4A16Strategy::wgmma, 1}).wgmma_group_rows, 3);
+  const W4A16Plan stream_k = w4a16_plan(600, small);
+  if (stream_k.stream_k_ctas > 0) EXPECT_EQ(stream_k.wgmma_group_rows, 0);
+  W4A16Options bad{W4A16Strategy::wgmma, 0};
+  bad.wgmma_group_rows = -1;
+  EXPECT_TRUE(test::throws_error([&] { (void)w4a16_plan(600, ww, bad); }, ErrorKind::invalid_argument,
+                                 {"wgmma_group_rows"}));
+}
+
 TEST(W4A16Gemm, BadArgumentsAreNamed) {
   LOWBIT_REQUIRE_GPU();
   W4A16Workspace ws;

@@ -171,5 +171,32 @@ TEST(W4A16WaveRule, DenseBuildForLongKOrThreeCtaWaves) {
   EXPECT_TRUE(test::throws_error([] { choose_wgmma_dense(8, kWave, 0); }, ErrorKind::invalid_argument, "iters"));
 }
 
+TEST(W4A16WaveRule, TileGroupsKeepAGroupsXInAQuarterOfL2) {
+  constexpr int64_t kMB = 1024 * 1024;
+  // Qwen3-14B gate/up (K = 5120) at 256 rows: 2.5 MB of x per row tile; a
+  // quarter of the 50 MB L2 holds 5.
+  const int64_t x_tile = 256 * 5120 * 2;
+  EXPECT_EQ(choose_wgmma_group_rows(4, x_tile, kL2), 4);    // M = 1024: all of x fits, the plain order
+  EXPECT_EQ(choose_wgmma_group_rows(5, x_tile, kL2), 5);    // 12.5 MB: still the plain order
+  EXPECT_EQ(choose_wgmma_group_rows(6, x_tile, kL2), 5);    // just over a quarter of L2
+  EXPECT_EQ(choose_wgmma_group_rows(64, x_tile, kL2), 5);   // M = 16384 (batch 16 / 1k prefill)
+  // Llama-70B gate/up (K = 8192): 4 MB per row tile, 3 of them.
+  EXPECT_EQ(choose_wgmma_group_rows(32, 256 * 8192 * 2, kL2), 3);
+  // The down projection (K = 17408): 8.5 MB per row tile, one at a time.
+  EXPECT_EQ(choose_wgmma_group_rows(64, 256 * 17408 * 2, kL2), 1);
+  // A row tile larger than a quarter of L2: one at a time too.
+  EXPECT_EQ(choose_wgmma_group_rows(32, 30 * kMB, kL2), 1);
+  // Forced: that many, at most the row tiles.
+  EXPECT_EQ(choose_wgmma_group_rows(64, x_tile, kL2, 3), 3);
+  EXPECT_EQ(choose_wgmma_group_rows(4, x_tile, kL2, 100), 4);
+  EXPECT_TRUE(test::throws_error([] { choose_wgmma_group_rows(0, 1, kL2); }, ErrorKind::invalid_argument,
+                                 "row_tiles"));
+  EXPECT_TRUE(test::throws_error([] { choose_wgmma_group_rows(4, 0, kL2); }, ErrorKind::invalid_argument,
+                                 "x_tile_bytes"));
+  EXPECT_TRUE(test::throws_error([] { choose_wgmma_group_rows(4, 1, 0); }, ErrorKind::invalid_argument, "l2_bytes"));
+  EXPECT_TRUE(test::throws_error([] { choose_wgmma_group_rows(4, 1, kL2, -1); }, ErrorKind::invalid_argument,
+                                 "forced"));
+}
+
 }  // namespace
 }  // namespace lowbit

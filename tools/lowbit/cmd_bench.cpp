@@ -76,6 +76,12 @@ void add_bench_command(CLI::App& app) {
                    "(2 or 3; points that run other tiles are skipped; sm_90a only)")
       ->delimiter(',')
       ->check(CLI::IsMember({2, 3}));
+  gemm->add_option("--wgmma-group-rows", options.wgmma_group_rows,
+                   "Also time the wgmma strategy with its output tiles handed out in groups of this many row "
+                   "tiles, every column tile in turn (a count >= the row tiles: row tiles fastest over the "
+                   "whole grid, the order without groups; points that run stream-K are skipped; sm_90a only)")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
   gemm->add_flag("--read-floor", options.read_floor,
                  "Also time, at M <= 64, a kernel that only reads as many bytes as the W4 weights and scales "
                  "(row read_floor): the most any W4A16 kernel could gain over cuBLAS under the same timing");

@@ -59,8 +59,8 @@ void add_bench_model_command(CLI::App& bench) {
   model->add_flag("!--no-graphs", options.graphs,
                   "Time decode steps launched eagerly, not replayed as CUDA graphs");
   model->add_flag("--breakdown", options.breakdown,
-                  "After each decode measurement, time a few eager steps stage by stage (an event after each\n"
-                  "GEMM, norm, attention...) and print where the step's time goes");
+                  "After each decode and prefill measurement, time a few eager steps stage by stage (an event\n"
+                  "after each GEMM, norm, attention...) and print where the step's time goes");
   model->add_option("--json", options.json_path, "Write one JSON row per measurement to this file");
   model->callback([] {
     if (!random_weights) {

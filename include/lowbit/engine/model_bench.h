@@ -33,8 +33,8 @@ struct ModelBenchOptions {
   int reps = 20;
   bool graphs = true;  // also time the decode step replayed as a CUDA graph
   bool tune_gemms = true;  // CudaEngineOptions::tune_decode_gemms
-  // After each decode measurement, time a few eager steps stage by stage
-  // (StepBreakdown) and print where the step's time goes.
+  // After each decode and prefill measurement, time a few eager steps stage
+  // by stage (StepBreakdown) and print where the step's time goes.
   bool breakdown = false;
   std::string json_path;
 };

@@ -49,6 +49,10 @@ struct W4A16BenchOptions {
   // tile's build for C resident CTAs per SM forced, C = 2 or 3
   // (W4A16Options::wgmma_ctas_per_sm); only at points that run 64-row tiles.
   std::vector<int> wgmma_ctas_per_sm;
+  // Extra rows "lowbit_wgmma_g<G>": the wgmma strategy with its tiles handed
+  // out in groups of G row tiles (W4A16Options::wgmma_group_rows; G >= the
+  // row tiles: the plain row-major order); not at points that run stream-K.
+  std::vector<int> wgmma_group_rows;
   // Extra rows "read_floor" at M <= 64: a kernel that only reads as many
   // bytes as the W4 weights and scales, timed the same way: the ceiling of
   // any W4A16 kernel's speedup under this timer and flush.

@@ -176,6 +176,12 @@ struct W4A16Options {
   // per SM, 2 or 3 (choose_wgmma_dense, w4a16_wave_rule.h). 0: the rule's
   // choice. For tests and benchmark comparisons.
   int wgmma_ctas_per_sm = 0;
+  // wgmma only, grids of whole tiles (no stream-K): the order in which the
+  // tiles are handed out, groups of this many row tiles
+  // (choose_wgmma_group_rows, w4a16_wave_rule.h; at least the row tile
+  // count: the plain row-major order). 0: the rule's choice. For tests and
+  // benchmark comparisons.
+  int wgmma_group_rows = 0;
   // x is [M, 2K]: a gate half then an up half, and the GEMM multiplies
   // silu(gate) * up, each rounded to the activation dtype (the values
   // ops::silu_mul stores), by the weights: a decode step's SiLU fused into
@@ -236,6 +242,9 @@ struct W4A16Plan {
   // wgmma, 64-row tiles: the kernel built for three resident CTAs per SM
   // rather than two.
   bool wgmma_dense = false;
+  // wgmma without stream-K: row tiles per group of the tile order
+  // (choose_wgmma_group_rows); 0 otherwise.
+  int64_t wgmma_group_rows = 0;
 };
 W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& options = {});
 

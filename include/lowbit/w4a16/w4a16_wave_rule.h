@@ -110,6 +110,34 @@ int64_t wgmma_uniform_split(int64_t tiles, int64_t wave, int iters);
 // iters < 1.
 bool choose_wgmma_dense(int64_t tiles, int64_t wave_of_two, int iters);
 
+// The order in which a wgmma grid's whole tiles are handed out: groups of G
+// row tiles, and in a group each column tile with its G row tiles in turn
+// (row tiles fastest; the group's last may have fewer). G = row_tiles is the
+// plain row-major order (row tiles fastest over the whole grid).
+//
+// Why: the resident CTAs (one per SM at 256 rows) work on neighbouring tiles
+// of this order at once. In the plain order they cover every row tile of a
+// few column tiles, so all of x (M x K, 16-bit) streams through L2 again for
+// every few column tiles: at M = 16384, Qwen3-14B's gate/up (168 MB of x, 272
+// column tiles) re-read ~23 GB of x from HBM and took 15.7 ms, 372 TFLOP/s
+// against 685 at M = 1024 (`lowbit bench model --breakdown`, batch 16 / 1k
+// prefill, H100). With groups, a group's x (G x x_tile_bytes, x_tile_bytes
+// = rows per tile x K x 2) is fetched once and read from L2 by every column
+// tile, and the weights are read once per group (row_tiles / G times). The
+// plain order at M = 16384 ran at 0.54-0.64x cuBLAS FP16 on five large
+// layers, groups at 0.91-1.13x (`lowbit bench gemm --wgmma-group-rows`,
+// docs/w4a16-gemm.md, v19).
+//
+// The rule: the plain order while the whole of x fits in a quarter of L2 (no
+// re-reads to save); else the most row tiles whose x fits in a quarter of L2
+// (at least 1). A quarter, not a half: at M = 4096 Qwen3-14B's gate/up ran
+// groups of 10 row tiles (26 MB of x) at 0.90x cuBLAS and groups of 4 or 8
+// at 1.08x in the same run; the weights and the outputs stream through the
+// same L2. forced >= 1: that many (at most row_tiles); forced == 0: the
+// rule. Error(invalid_argument) for row_tiles, x_tile_bytes or l2_bytes < 1,
+// or forced < 0.
+int64_t choose_wgmma_group_rows(int64_t row_tiles, int64_t x_tile_bytes, int64_t l2_bytes, int64_t forced = 0);
+
 // Per split, what its partials cost in k-iterations of a whole tile (an
 // estimate: ~1.2 us to move one 256 x 128 fp32 partial through L2, ~0.8-0.9
 // us per k-iteration of the 256-row tile on the H100).
