@@ -1,5 +1,7 @@
-// The device KV cache (pools, rotations, block tables) and the kernel that
-// quantizes K/V into it. The write kernel reproduces VectorQuantizer::quantize
+// The device KV cache (pools, rotations, block tables) and the kernels that
+// quantize K/V into it: one warp per vector where the rotation is Hadamard
+// (or the parts are fp16), else one thread per coordinate (Haar's matrix).
+// Both reproduce VectorQuantizer::quantize
 // operation by operation, because the cache's bytes are what CPU and GPU
 // compare:
 //  - ||x||^2 in double (products of floats are exact in double; only the
@@ -423,6 +425,47 @@ __global__ void __launch_bounds__(D) write_kernel(WriteArgs a) {
   }
 }
 
+// One warp per vector: the decode attention's append (append_warp.cuh), as
+// a kernel of its own for prefill blocks and appends. Why: the
+// per-coordinate kernel above gives every vector two block-wide double sums
+// and, with a Hadamard rotation, seven barrier-separated butterfly stages,
+// eight vectors at a time in 128 threads; a 1k-token prefill of Qwen3-14B
+// (16k vectors per layer) took ~150 us per layer there, a quarter of the
+// prefill's non-GEMM time. Here a warp needs no barrier at all: the norm and
+// the butterflies are lane shuffles. The arithmetic is the per-coordinate
+// kernel's, operation for operation, so the bytes are the same (tested).
+// Grid: (CTAs, 2), y = the part (K, V), so a warp's codebook and signs are
+// loaded once; each warp then takes (token, KV head) vectors in turn.
+constexpr int kWarpWriteWarps = 8;
+
+template <int D>
+__global__ void __launch_bounds__(kWarpWriteWarps * 32)
+    write_warp_kernel(KvAppendTarget t, int row, int64_t first_pos, int64_t n_tokens, const float* k, const float* v) {
+  __shared__ uint8_t scratch[kWarpWriteWarps][D];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int part = static_cast<int>(blockIdx.y);
+  // Every input (the vectors, the lengths, the pages) may come from the
+  // kernel before this one: nothing is read before the wait.
+  cuda::pdl_wait();
+  cuda::pdl_launch_dependents();
+  KvAppendPlan p = append_plan_begin<D>(t, part, 0, 0);  // the codebook and signs; row and slot per vector below
+  const int H = t.num_kv_heads;
+  const int64_t vectors = n_tokens * H;
+  const float* src = part == 0 ? k : v;
+  for (int64_t item = int64_t{blockIdx.x} * kWarpWriteWarps + warp; item < vectors;
+       item += int64_t{gridDim.x} * kWarpWriteWarps) {
+    const int64_t token = item / H;
+    p.kv_head = static_cast<int>(item - token * H);
+    p.row = row < 0 ? static_cast<int>(token) : row;
+    p.length = row < 0 ? t.lengths[p.row] : static_cast<int32_t>(first_pos + token + 1);
+    append_plan_slot(t, p);
+    float x[D / 32];
+#pragma unroll
+    for (int u = 0; u < D / 32; ++u) x[u] = src[item * D + lane + 32 * u];
+    append_vector_warp<D>(t, p, x, scratch[warp]);
+  }
+}
+
 PartFormat part_format(const DeviceKvCache& cache, KvPart part) {
   PartFormat f;
   const PageLayout& l = cache.layout();
@@ -444,10 +487,31 @@ PartFormat part_format(const DeviceKvCache& cache, KvPart part) {
   return f;
 }
 
+KvAppendTarget append_target_of(const DeviceKvCache& cache, int layer, const DeviceBlockTables& tables);
+
 void launch_write(const DeviceKvCache& cache, int layer, const DeviceBlockTables& tables, int row, int64_t first_pos,
-                  int64_t n_tokens, const float* k, const float* v, cudaStream_t stream) {
+                  int64_t n_tokens, const float* k, const float* v, cudaStream_t stream, KvWriteKernel kernel) {
   LOWBIT_CHECK_ARG(k != nullptr && v != nullptr, "k/v", "null", "device pointers to the K and V values");
   const KvCacheConfig& c = cache.config();
+  int device = 0, sms = 0;
+  LOWBIT_CUDA_CHECK(cudaGetDevice(&device));
+  LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const bool quantized_part = cache.quantizer(KvPart::key) != nullptr || cache.quantizer(KvPart::value) != nullptr;
+  if (kernel == KvWriteKernel::automatic && (!quantized_part || c.rotation == RotationKind::hadamard)) {
+    const KvAppendTarget t = append_target_of(cache, layer, tables);
+    const int64_t vectors = n_tokens * c.num_kv_heads;
+    // Four CTAs of 8 warps per SM at most; each warp then takes its vectors in turn.
+    const int64_t ctas = std::min<int64_t>((vectors + kWarpWriteWarps - 1) / kWarpWriteWarps, 4 * int64_t{sms});
+    const dim3 grid(static_cast<unsigned>(ctas), 2);
+    if (c.head_dim == 64)
+      cuda::launch_with_pdl(write_warp_kernel<64>, grid, dim3(kWarpWriteWarps * 32), 0, stream, t, row, first_pos,
+                            n_tokens, k, v);
+    else
+      cuda::launch_with_pdl(write_warp_kernel<128>, grid, dim3(kWarpWriteWarps * 32), 0, stream, t, row, first_pos,
+                            n_tokens, k, v);
+    LOWBIT_CUDA_CHECK_LAUNCH();
+    return;
+  }
   WriteArgs a{};
   a.pool = cache.pool(layer);
   a.slab_bytes = cache.layout().bytes;
@@ -467,9 +531,6 @@ void launch_write(const DeviceKvCache& cache, int layer, const DeviceBlockTables
   a.scale_f32 = c.scale_dtype == ScaleDType::f32;
   a.part[0] = part_format(cache, KvPart::key);
   a.part[1] = part_format(cache, KvPart::value);
-  int device = 0, sms = 0;
-  LOWBIT_CUDA_CHECK(cudaGetDevice(&device));
-  LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const int64_t vectors = n_tokens * c.num_kv_heads * 2;
   const size_t d = static_cast<size_t>(c.head_dim);
   auto launch = [&](auto kernel, int per_cta) {
@@ -495,13 +556,10 @@ void launch_write(const DeviceKvCache& cache, int layer, const DeviceBlockTables
 
 }  // namespace
 
-KvAppendTarget device_append_target(const DeviceKvCache& cache, int layer, const DeviceBlockTables& tables) {
+namespace {
+// device_append_target without the rotation check (the caller made it).
+KvAppendTarget append_target_of(const DeviceKvCache& cache, int layer, const DeviceBlockTables& tables) {
   const KvCacheConfig& c = cache.config();
-  const bool quantized_part = cache.quantizer(KvPart::key) != nullptr || cache.quantizer(KvPart::value) != nullptr;
-  if (quantized_part && c.rotation != RotationKind::hadamard)
-    throw Error(ErrorKind::unsupported,
-                "device_append_target: K/V quantized with Haar rotations are appended by device_append_tokens "
-                "(a 64 KB matrix per layer); a kernel's epilogue applies only the Hadamard rotation");
   KvAppendTarget t;
   t.pool = cache.pool(layer);
   t.slab_bytes = cache.layout().bytes;
@@ -528,23 +586,35 @@ KvAppendTarget device_append_target(const DeviceKvCache& cache, int layer, const
   }
   return t;
 }
+}  // namespace
+
+KvAppendTarget device_append_target(const DeviceKvCache& cache, int layer, const DeviceBlockTables& tables) {
+  const KvCacheConfig& c = cache.config();
+  const bool quantized_part = cache.quantizer(KvPart::key) != nullptr || cache.quantizer(KvPart::value) != nullptr;
+  if (quantized_part && c.rotation != RotationKind::hadamard)
+    throw Error(ErrorKind::unsupported,
+                "device_append_target: K/V quantized with Haar rotations are appended by device_append_tokens "
+                "(a 64 KB matrix per layer); a kernel's epilogue applies only the Hadamard rotation");
+  return append_target_of(cache, layer, tables);
+}
 
 void device_append_tokens(const DeviceKvCache& cache, int layer, const DeviceBlockTables& tables, const float* k,
-                          const float* v, cudaStream_t stream) {
+                          const float* v, cudaStream_t stream, KvWriteKernel kernel) {
   for (int r = 0; r < tables.rows; ++r)
     LOWBIT_CHECK_ARG(tables.host_lengths[static_cast<size_t>(r)] >= 1, "tables.lengths[" + std::to_string(r) + "]",
                      tables.host_lengths[static_cast<size_t>(r)], "at least 1 (extend the sequence first)");
-  launch_write(cache, layer, tables, -1, 0, tables.rows, k, v, stream);
+  launch_write(cache, layer, tables, -1, 0, tables.rows, k, v, stream, kernel);
 }
 
 void device_write_tokens(const DeviceKvCache& cache, int layer, const DeviceBlockTables& tables, int row,
-                         int64_t first_pos, int64_t n_tokens, const float* k, const float* v, cudaStream_t stream) {
+                         int64_t first_pos, int64_t n_tokens, const float* k, const float* v, cudaStream_t stream,
+                         KvWriteKernel kernel) {
   LOWBIT_CHECK_ARG(row >= 0 && row < tables.rows, "row", row, "0 to rows - 1 = " + std::to_string(tables.rows - 1));
   LOWBIT_CHECK_ARG(n_tokens >= 1, "n_tokens", n_tokens, "at least 1");
   const int64_t len = tables.host_lengths[static_cast<size_t>(row)];
   LOWBIT_CHECK_ARG(first_pos >= 0 && first_pos + n_tokens <= len, "first_pos", first_pos,
                    "first_pos + n_tokens within the row's length " + std::to_string(len));
-  launch_write(cache, layer, tables, row, first_pos, n_tokens, k, v, stream);
+  launch_write(cache, layer, tables, row, first_pos, n_tokens, k, v, stream, kernel);
 }
 
 }  // namespace lowbit::kv

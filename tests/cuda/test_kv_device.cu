@@ -229,6 +229,65 @@ TEST(KvDevice, WriteMatchesHostQuantizer) {
   }
 }
 
+// The two write kernels (KvWriteKernel) store the same bytes: prefill blocks
+// of several rows (whole and in two pieces), then one appended token per row,
+// every format pair, both head dimensions, f16 and f32 scales, outlier data,
+// Hadamard rotations (the warp kernel's domain); the rows' lengths cross page
+// boundaries. The host comparison above covers both kernels against
+// VectorQuantizer; this one pins them to each other bit for bit.
+TEST(KvDevice, WarpWriteKernelStoresThePerCoordinateKernelsBytes) {
+  LOWBIT_REQUIRE_GPU();
+  const std::vector<int64_t> lens = {1, 17, 33, 300};
+  for (int head_dim : {128, 64})
+    for (ScaleDType scale : {ScaleDType::f16, ScaleDType::f32})
+      for (KvFormat kf : kAllFormats)
+        for (KvFormat vf : kAllFormats) {
+          SCOPED_TRACE(name(kf, vf) + " " + scale_dtype_name(scale) + " d=" + std::to_string(head_dim));
+          const KvCacheConfig c =
+              make_config(kf, vf, 16, pages_for(lens, 16), 3, scale, RotationKind::hadamard, head_dim);
+          HostBatch hb(c, lens, DataKind::outliers, 77);
+          const DeviceBlockTables tables = DeviceBlockTables::from_cache(hb.cache, hb.seqs);
+          const size_t vec = static_cast<size_t>(c.num_kv_heads) * head_dim;
+          std::vector<std::byte> pools[2];
+          for (int which = 0; which < 2; ++which) {
+            const KvWriteKernel kernel = which == 0 ? KvWriteKernel::automatic : KvWriteKernel::per_coordinate;
+            DeviceKvCache dev(c);
+            std::vector<float> k_last, v_last;
+            for (size_t b = 0; b < lens.size(); ++b) {
+              const int64_t n = lens[b] - 1;
+              if (n > 0) {
+                const Buffer k = to_device({hb.k[b].begin(), hb.k[b].begin() + static_cast<int64_t>(n * vec)});
+                const Buffer v = to_device({hb.v[b].begin(), hb.v[b].begin() + static_cast<int64_t>(n * vec)});
+                // Rows of more than 20 tokens in two pieces (the second from position 20).
+                const int64_t first = n > 20 ? 20 : n;
+                device_write_tokens(dev, kTestLayer, tables, static_cast<int>(b), 0, first, k.as<float>(),
+                                    v.as<float>(), nullptr, kernel);
+                if (first < n)
+                  device_write_tokens(dev, kTestLayer, tables, static_cast<int>(b), first, n - first,
+                                      k.as<float>() + first * vec, v.as<float>() + first * vec, nullptr, kernel);
+              }
+              const size_t at = static_cast<size_t>(n) * vec;
+              k_last.insert(k_last.end(), hb.k[b].begin() + static_cast<int64_t>(at), hb.k[b].end());
+              v_last.insert(v_last.end(), hb.v[b].begin() + static_cast<int64_t>(at), hb.v[b].end());
+            }
+            const Buffer kl = to_device(k_last), vl = to_device(v_last);
+            device_append_tokens(dev, kTestLayer, tables, kl.as<float>(), vl.as<float>(), nullptr, kernel);
+            LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+            pools[which] = dev.download_pool(kTestLayer);
+          }
+          ASSERT_EQ(pools[0].size(), pools[1].size());
+          EXPECT_EQ(std::memcmp(pools[0].data(), pools[1].data(), pools[0].size()), 0)
+              << "the warp write kernel stored other bytes than the per-coordinate kernel";
+          // And the host's bytes (the same bounds as WriteMatchesHostQuantizer).
+          const PoolComparison r = compare_pools(hb.cache, pools[0], kTestLayer);
+          EXPECT_EQ(r.fp16_mismatches, 0);
+          EXPECT_EQ(r.scale_mismatches, 0);
+          EXPECT_EQ(r.far_mismatches, 0);
+          EXPECT_LE(static_cast<double>(r.index_mismatches),
+                    test::kKvDeviceIndexMismatchMax * static_cast<double>(r.coords));
+        }
+}
+
 // The queries as DeviceDecodeOptions::queries_rotated takes them: rotated by
 // the host's Rotation::rotate (which the device rotations reproduce bit for
 // bit) and scaled by decode_query_scale.

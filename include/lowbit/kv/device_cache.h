@@ -108,11 +108,21 @@ struct DeviceBlockTables {
               cudaStream_t stream);
 };
 
+// Which kernel quantizes and stores K/V (device_append_tokens,
+// device_write_tokens). Both store the same bytes (tested):
+//  - automatic: one warp per vector (append_warp.cuh, the decode attention's
+//    own append) wherever the rotation allows it, i.e. Hadamard rotations or
+//    fp16 parts only; else the per-coordinate kernel;
+//  - per_coordinate: one thread per coordinate, eight vectors per CTA (the
+//    only one that applies a Haar rotation's 64 KB matrix).
+enum class KvWriteKernel { automatic, per_coordinate };
+
 // Quantizes and stores one token per row: row b's k/v ([rows][num_kv_heads]
 // [head_dim] fp32, device) go to position lengths[b] - 1 of row b (the caller
 // extended the sequence first, as with PagedKvCache::write_token).
 void device_append_tokens(const DeviceKvCache& cache, int layer, const DeviceBlockTables& tables,
-                          const float* k, const float* v, cudaStream_t stream = nullptr);
+                          const float* k, const float* v, cudaStream_t stream = nullptr,
+                          KvWriteKernel kernel = KvWriteKernel::automatic);
 // What device_append_tokens does, for a kernel that quantizes and stores the
 // K/V vectors itself, one warp per vector (append_warp.cuh; the decode
 // attention with DeviceDecodeOptions::append_k): the layer's pool and
@@ -125,7 +135,7 @@ KvAppendTarget device_append_target(const DeviceKvCache& cache, int layer, const
 // `row` (k, v: [n_tokens][num_kv_heads][head_dim] fp32, device).
 void device_write_tokens(const DeviceKvCache& cache, int layer, const DeviceBlockTables& tables, int row,
                          int64_t first_pos, int64_t n_tokens, const float* k, const float* v,
-                         cudaStream_t stream = nullptr);
+                         cudaStream_t stream = nullptr, KvWriteKernel kernel = KvWriteKernel::automatic);
 
 // Scratch memory of the attention calls (rotated queries, split partials).
 // Grows on demand; one per stream.
