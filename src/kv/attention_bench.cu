@@ -31,6 +31,7 @@
 #include "lowbit/cuda/random.h"
 #include "lowbit/cuda/timer.h"
 #include "lowbit/kv/device_cache.h"
+#include "prefill_attention.h"
 
 namespace lowbit {
 namespace {
@@ -310,9 +311,10 @@ void run_kv_attention_benchmark(const KvAttentionBenchOptions& options) {
   at.warmup = 1;
   // The tiled prefill kernel (what users get) and, as its baseline, the
   // decode kernel with one row per query token, in the same run.
-  auto time_prefill = [&](bool tiled_kernel) {
+  auto time_prefill = [&](bool tiled_kernel, int64_t split_tokens = 0) {
     kv::DeviceDecodeOptions po;
     po.prefill_tiled = tiled_kernel;
+    po.split_tokens = split_tokens;
     return cuda::time_cuda(
         [&](cudaStream_t s) {
           kv::device_prefill_attention(cache, 0, tables, 0, 0, n, kQHeads, q.as<float>(), out.as<float>(), ws, po, s);
@@ -345,15 +347,31 @@ void run_kv_attention_benchmark(const KvAttentionBenchOptions& options) {
   bench::BenchRow rrow = arow;
   rrow.impl = "lowbit_tq4_prefill_decode_kernel";
   rrow.stats = attn_rows;
+  const int64_t auto_chunk =
+      kv::attention_mma::tiled_prefill_split_tokens(static_cast<int>(n), n, kKvHeads, kQHeads / kKvHeads, dev.sm_count);
+  arow.extra.emplace_back("split_tokens", auto_chunk);
   if (json) {
     json->write(qrow);
     json->write(arow);
     json->write(rrow);
   }
+  // --split-tokens: the tiled kernel with those KV chunks forced, same run.
+  std::vector<std::pair<int64_t, double>> forced_chunks;
+  for (int64_t chunk : options.split_tokens) {
+    bench::BenchRow row = arow;
+    row.stats = time_prefill(true, chunk);
+    row.extra = {{"fa_estimate_us", fa_estimate_us}, {"split_tokens", chunk}, {"split_forced", true}};
+    if (json) json->write(row);
+    forced_chunks.emplace_back(chunk, row.stats.median_us);
+  }
   std::printf("\n==== prefill of %lld tokens (tq4 K/V) ====\n", static_cast<long long>(n));
   std::printf("quantize + write K/V: %10.1f us (%.0f GB/s on fp32 in + packed out)\n", quant.median_us, qrow.GBps());
   std::printf("our causal prefill attention, tiled kernel: %10.1f us (%.0f TFLOP/s; %.2fx the estimate below)\n",
               attn.median_us, flops / attn.median_us * 1e-6, attn.median_us / fa_estimate_us);
+  std::printf("   (KV chunks of %lld keys, the rule's)\n", static_cast<long long>(auto_chunk));
+  for (const auto& [chunk, us] : forced_chunks)
+    std::printf("   the tiled kernel with KV chunks of %lld keys forced: %10.1f us (%.2fx the rule's)\n",
+                static_cast<long long>(chunk), us, us / attn.median_us);
   std::printf("the same through the decode kernel, one row per query token: %10.1f us (tiled %.1fx faster)\n",
               attn_rows.median_us, attn_rows.median_us / attn.median_us);
   std::printf("quantization / our prefill attention: %.2f%% (target < 10%%)\n", 100.0 * quant.median_us / attn.median_us);

@@ -37,7 +37,8 @@ void add_bench_attention_command(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_option("--split-tokens", options.split_tokens,
                   "KV chunk lengths per CTA (multiples of 16, comma-separated) to time besides the one chosen\n"
-                  "by the split heuristic; their rows are marked split_forced")
+                  "by the split heuristic, for decode and for the tiled prefill (--prefill-tokens); their rows\n"
+                  "are marked split_forced")
       ->delimiter(',')
       ->check(CLI::PositiveNumber);
   static std::string rotation = "hadamard";
