@@ -39,8 +39,9 @@ struct TiledGemmArgs {
   int iters;        // K_pad / 64
   int group_shift;  // log2(group size), or -1 for per channel
   int split_k;
-  // wgmma: the last tail_tiles output tiles (of the tile order, group_rows) are split
-  // along K tail_split ways and every other tile is whole (split_k is then 1):
+  // wgmma: the last tail_tiles output tiles (of the tile order, group_rows)
+  // are split along K tail_split ways and every other tile is whole (split_k
+  // is then 1):
   // a grid of tiles that leaves its last wave of resident CTAs mostly empty
   // spreads that wave's work over the SMs. 0: every tile split split_k ways.
   int tail_tiles;

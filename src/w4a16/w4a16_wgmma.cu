@@ -128,10 +128,10 @@ __device__ __forceinline__ void fence_accumulators(float (&d)[N]) {
 // tiles the grid is (row tiles, column tiles, split_k), its (x, y) position
 // read as a position in the tile order of grouped_tile. With them it is
 // one-dimensional: first the tail tiles' tail_split CTAs each (the last
-// tail_tiles positions of that order), then one CTA per whole tile. The tail goes first so that its splits start together and
-// its fix-up overlaps the whole tiles. Its CTAs are in split-major order, as
-// in the uniform grid: neighbouring column tiles' weights of one k-range are
-// contiguous.
+// tail_tiles positions of that order), then one CTA per whole tile. The tail
+// goes first so that its splits start together and its fix-up overlaps the
+// whole tiles. Its CTAs are in split-major order, as in the uniform grid:
+// neighbouring column tiles' weights of one k-range are contiguous.
 //
 // With stream-K (args.stream_k_ctas = G > 0, G >= tiles; the kernels
 // instantiated with kStreamK) the tiles x iters k-iterations of the grid,
