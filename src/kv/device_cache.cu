@@ -489,6 +489,13 @@ PartFormat part_format(const DeviceKvCache& cache, KvPart part) {
 
 KvAppendTarget append_target_of(const DeviceKvCache& cache, int layer, const DeviceBlockTables& tables);
 
+// Whether one warp can quantize this cache's vectors (append_warp.cuh): it
+// applies the Hadamard rotation only, as lane shuffles; fp16 parts need none.
+bool warp_quantizable(const DeviceKvCache& cache) {
+  const bool quantized_part = cache.quantizer(KvPart::key) != nullptr || cache.quantizer(KvPart::value) != nullptr;
+  return !quantized_part || cache.config().rotation == RotationKind::hadamard;
+}
+
 void launch_write(const DeviceKvCache& cache, int layer, const DeviceBlockTables& tables, int row, int64_t first_pos,
                   int64_t n_tokens, const float* k, const float* v, cudaStream_t stream, KvWriteKernel kernel) {
   LOWBIT_CHECK_ARG(k != nullptr && v != nullptr, "k/v", "null", "device pointers to the K and V values");
@@ -496,8 +503,7 @@ void launch_write(const DeviceKvCache& cache, int layer, const DeviceBlockTables
   int device = 0, sms = 0;
   LOWBIT_CUDA_CHECK(cudaGetDevice(&device));
   LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const bool quantized_part = cache.quantizer(KvPart::key) != nullptr || cache.quantizer(KvPart::value) != nullptr;
-  if (kernel == KvWriteKernel::automatic && (!quantized_part || c.rotation == RotationKind::hadamard)) {
+  if (kernel == KvWriteKernel::automatic && warp_quantizable(cache)) {
     const KvAppendTarget t = append_target_of(cache, layer, tables);
     const int64_t vectors = n_tokens * c.num_kv_heads;
     // Four CTAs of 8 warps per SM at most; each warp then takes its vectors in turn.
@@ -589,9 +595,7 @@ KvAppendTarget append_target_of(const DeviceKvCache& cache, int layer, const Dev
 }  // namespace
 
 KvAppendTarget device_append_target(const DeviceKvCache& cache, int layer, const DeviceBlockTables& tables) {
-  const KvCacheConfig& c = cache.config();
-  const bool quantized_part = cache.quantizer(KvPart::key) != nullptr || cache.quantizer(KvPart::value) != nullptr;
-  if (quantized_part && c.rotation != RotationKind::hadamard)
+  if (!warp_quantizable(cache))
     throw Error(ErrorKind::unsupported,
                 "device_append_target: K/V quantized with Haar rotations are appended by device_append_tokens "
                 "(a 64 KB matrix per layer); a kernel's epilogue applies only the Hadamard rotation");
