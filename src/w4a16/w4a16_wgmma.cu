@@ -57,6 +57,7 @@
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/kernel_smem.h"
 #include "lowbit/cuda/pdl.cuh"
+#include "lowbit/w4a16/w4a16_wave_rule.h"
 #include "w4a16_async_copy.cuh"
 #include "w4a16_device.cuh"
 #include "w4a16_wgmma.h"
@@ -126,11 +127,11 @@ __device__ __forceinline__ void fence_accumulators(float (&d)[N]) {
 
 // Which output tile, and which K split of it, a CTA computes. Without tail
 // tiles the grid is (row tiles, column tiles, split_k), its (x, y) position
-// read as a position in the tile order of grouped_tile. With them it is
-// one-dimensional: first the tail tiles' tail_split CTAs each (the last
-// tail_tiles positions of that order), then one CTA per whole tile. The tail
-// goes first so that its splits start together and its fix-up overlaps the
-// whole tiles. Its CTAs are in split-major order, as in the uniform grid:
+// read as a position in the tile order (wgmma_grouped_tile,
+// w4a16_wave_rule.h). With them it is one-dimensional: first the tail tiles'
+// tail_split CTAs each (the last tail_tiles positions of that order), then
+// one CTA per whole tile. The tail goes first so that its splits start
+// together and its fix-up overlaps the whole tiles. Its CTAs are in split-major order, as in the uniform grid:
 // neighbouring column tiles' weights of one k-range are contiguous.
 //
 // With stream-K (args.stream_k_ctas = G > 0, G >= tiles; the kernels
@@ -158,20 +159,6 @@ __device__ __forceinline__ int stream_k_begin(int b, int total, int ctas) {
 __device__ __forceinline__ int stream_k_cta_of(int it, int total, int ctas) {
   return static_cast<int>(((static_cast<int64_t>(it) + 1) * ctas - 1) / total);
 }
-
-// The tile at position t of the grid's order (choose_wgmma_group_rows,
-// w4a16_wave_rule.h): groups of group_rows row tiles, in a group the column
-// tiles in turn, each with the group's row tiles fastest. group_rows <= 0
-// or >= row_tiles: row tiles fastest over the whole grid.
-__device__ __forceinline__ void grouped_tile(int t, int row_tiles, int col_tiles, int group_rows, int& row,
-                                             int& col) {
-  const int g = group_rows > 0 && group_rows < row_tiles ? group_rows : row_tiles;
-  const int first_row = t / (g * col_tiles) * g;
-  const int in_group = t - first_row * col_tiles;
-  const int rows = min(g, row_tiles - first_row);
-  row = first_row + in_group % rows;
-  col = in_group / rows;
-}
 #endif
 
 template <int kMTile, bool kStreamK>
@@ -190,7 +177,10 @@ __device__ __forceinline__ WgmmaWork wgmma_work(const WgmmaArgs& args) {
   }
   const int col_tiles = (args.N_pad + 127) / 128;
   if (args.tail_tiles == 0) {
-    grouped_tile(blockIdx.y * row_tiles + blockIdx.x, row_tiles, col_tiles, args.group_rows, w.row_tile, w.col_tile);
+    const WgmmaTileCoord at = wgmma_grouped_tile(blockIdx.y * row_tiles + blockIdx.x, row_tiles, col_tiles,
+                                                 args.group_rows);
+    w.row_tile = at.row;
+    w.col_tile = at.col;
     w.split = blockIdx.z;
     w.n_splits = args.split_k;
   } else {
@@ -208,7 +198,9 @@ __device__ __forceinline__ WgmmaWork wgmma_work(const WgmmaArgs& args) {
       w.split = 0;
       w.n_splits = 1;
     }
-    grouped_tile(tile, row_tiles, col_tiles, args.group_rows, w.row_tile, w.col_tile);
+    const WgmmaTileCoord at = wgmma_grouped_tile(tile, row_tiles, col_tiles, args.group_rows);
+    w.row_tile = at.row;
+    w.col_tile = at.col;
   }
   w.tile = w.col_tile * row_tiles + w.row_tile;
   return w;

@@ -3,6 +3,10 @@
 // H100 (132 SMs; one CTA per SM for the 256-row tile, two for 64 and 128).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <utility>
+#include <vector>
+
 #include "error_matchers.h"
 #include "lowbit/w4a16/w4a16_wave_rule.h"
 
@@ -196,6 +200,47 @@ TEST(W4A16WaveRule, TileGroupsKeepAGroupsXInAQuarterOfL2) {
   EXPECT_TRUE(test::throws_error([] { choose_wgmma_group_rows(4, 1, 0); }, ErrorKind::invalid_argument, "l2_bytes"));
   EXPECT_TRUE(test::throws_error([] { choose_wgmma_group_rows(4, 1, kL2, -1); }, ErrorKind::invalid_argument,
                                  "forced"));
+}
+
+// The order the wgmma kernel hands its tiles out in (it calls this same
+// function): every tile exactly once; in a group, the group's row tiles
+// fastest, then the column tiles; the groups in turn; the last group may
+// have fewer rows; groups of at least the row tile count are the plain
+// order (row tiles fastest over the whole grid).
+TEST(W4A16WaveRule, GroupedTileOrderVisitsEveryTileOnceGroupByGroup) {
+  for (const auto& [rows, cols] : {std::pair{1, 1}, {3, 8}, {7, 5}, {64, 272}}) {
+    for (int group : {0, 1, 2, 3, 5, 64, 100}) {
+      SCOPED_TRACE(testing::Message() << rows << " x " << cols << " tiles, groups of " << group);
+      const int g = group > 0 && group < rows ? group : rows;
+      std::vector<int> seen(static_cast<size_t>(rows * cols), 0);
+      for (int t = 0; t < rows * cols; ++t) {
+        const WgmmaTileCoord c = wgmma_grouped_tile(t, rows, cols, group);
+        ASSERT_GE(c.row, 0);
+        ASSERT_LT(c.row, rows);
+        ASSERT_GE(c.col, 0);
+        ASSERT_LT(c.col, cols);
+        ++seen[static_cast<size_t>(c.col * rows + c.row)];
+        // Which group the position is in, and where in it.
+        const int first_row = t / (g * cols) * g, in_group = t - first_row * cols;
+        const int group_rows = std::min(g, rows - first_row);
+        EXPECT_EQ(c.row, first_row + in_group % group_rows);
+        EXPECT_EQ(c.col, in_group / group_rows);
+        if (g == rows) {
+          EXPECT_EQ(c.row, t % rows);
+          EXPECT_EQ(c.col, t / rows);
+        }
+      }
+      EXPECT_TRUE(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
+    }
+  }
+  // Qwen3-14B gate/up at M = 16384 (64 x 272 tiles), groups of 5: the first
+  // 132 positions (one wave of 256-row CTAs) cover row tiles 0-4 of column
+  // tiles 0-26, and the 13th group is rows 60-63 only.
+  EXPECT_EQ(wgmma_grouped_tile(131, 64, 272, 5).row, 1);
+  EXPECT_EQ(wgmma_grouped_tile(131, 64, 272, 5).col, 26);
+  EXPECT_EQ(wgmma_grouped_tile(12 * 5 * 272, 64, 272, 5).row, 60);
+  EXPECT_EQ(wgmma_grouped_tile(12 * 5 * 272 + 5, 64, 272, 5).row, 61);
+  EXPECT_EQ(wgmma_grouped_tile(12 * 5 * 272 + 5, 64, 272, 5).col, 1);
 }
 
 }  // namespace

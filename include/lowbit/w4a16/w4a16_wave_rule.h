@@ -138,6 +138,23 @@ bool choose_wgmma_dense(int64_t tiles, int64_t wave_of_two, int iters);
 // or forced < 0.
 int64_t choose_wgmma_group_rows(int64_t row_tiles, int64_t x_tile_bytes, int64_t l2_bytes, int64_t forced = 0);
 
+// The tile at position t (0 .. row_tiles x col_tiles - 1) of that order: t
+// runs through groups of group_rows row tiles, in a group through the column
+// tiles, and for each column tile through the group's row tiles. group_rows
+// <= 0 or >= row_tiles: the plain order (row = t % row_tiles). constexpr, so
+// that the wgmma kernel calls this same function (nvcc's relaxed constexpr)
+// and the CPU tests check the order it uses.
+struct WgmmaTileCoord {
+  int row, col;
+};
+constexpr WgmmaTileCoord wgmma_grouped_tile(int t, int row_tiles, int col_tiles, int group_rows) {
+  const int g = group_rows > 0 && group_rows < row_tiles ? group_rows : row_tiles;
+  const int first_row = t / (g * col_tiles) * g;
+  const int in_group = t - first_row * col_tiles;
+  const int rows = g < row_tiles - first_row ? g : row_tiles - first_row;
+  return {first_row + in_group % rows, in_group / rows};
+}
+
 // Per split, what its partials cost in k-iterations of a whole tile (an
 // estimate: ~1.2 us to move one 256 x 128 fp32 partial through L2, ~0.8-0.9
 // us per k-iteration of the 256-row tile on the H100).
