@@ -589,6 +589,8 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
   LOWBIT_CHECK_ARG(options.tail_split >= 0, "tail_split", options.tail_split, "0 (chosen), 1 (none) or >= 2");
   LOWBIT_CHECK_ARG(options.stream_k_ctas >= 0, "stream_k_ctas", options.stream_k_ctas,
                    "0 (chosen), 1 (none) or a CTA count >= 2");
+  LOWBIT_CHECK_ARG(options.wgmma_group_rows >= 0, "wgmma_group_rows", options.wgmma_group_rows,
+                   "0 (the rule) or a count of row tiles >= 1");
   W4A16Plan plan{options.strategy, 1, M <= 16 ? 16 : (M <= 32 ? 32 : 64)};
   const bool bf16 = w.act_dtype() == DType::bf16;
   const int iters = static_cast<int>(w.K_padded() / 64);
@@ -710,8 +712,6 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
       }
     }
     plan.split_k = static_cast<int>(std::clamp<int64_t>(choice, 1, iters));
-    LOWBIT_CHECK_ARG(options.wgmma_group_rows >= 0, "wgmma_group_rows", options.wgmma_group_rows,
-                     "0 (the rule) or a count of row tiles >= 1");
     if (plan.stream_k_ctas == 0) {
       const int64_t row_tiles = (M + plan.rows_per_pass - 1) / plan.rows_per_pass;
       const int64_t x_tile_bytes = static_cast<int64_t>(plan.rows_per_pass) * w.K_padded() * 2;
