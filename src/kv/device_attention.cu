@@ -408,6 +408,22 @@ __device__ __forceinline__ void copy_pieces(uint8_t* dst, const std::byte* src, 
     if (kPieces % 32 == 0 || 32 * i + lane < kPieces) cp_async16(dst + 16 * (32 * i + lane), src + 16 * (32 * i + lane));
 }
 
+// The warps' merge at the end of attend_kernel: each warp leaves its
+// accumulators in shared memory as rows of one head, and every thread then
+// sums one output coordinate over the warps. A lane holds coordinates
+// (D/8)g + 2mt (+1) of heads 2c and 2c+1, so with plain rows of D floats the
+// 32 lanes of a store hit 2 banks (D = 128; 4 at D = 64): 16-way conflicts
+// on 32 stores per lane, which made this merge 5-6 us of a 16-warp CTA
+// (per-CTA timer stamps, batch 1 and 8 at 32k; 3 us with 8 warps), longer
+// than a batch-1 / 1k call's whole K/V stream. Stored as float2 pairs with
+// 2 floats of padding after every 32 coordinates and rows of kMergeRow
+// floats, the stores of a half-warp cover distinct banks (D = 128; 2-way at
+// D = 64) and the readers' 32 consecutive coordinates of one head still
+// cover 32 banks.
+__host__ __device__ constexpr int merge_slot(int coordinate) { return coordinate + 2 * (coordinate >> 5); }
+template <int D>
+constexpr int kMergeRow = D + 2 * (D / 32) + 2;
+
 // At most this many chunks per row are merged inside a cluster (the
 // portable cluster size); longer rows take the merge kernel.
 constexpr int kMaxClusterChunks = 8;
@@ -728,9 +744,10 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32, Til
   cuda::pdl_launch_dependents();  // the next kernel may launch; it waits for this grid to finish
   __syncthreads();
 
-  // Merge the warps' states: [warp][8 heads][d] outputs, then m and l.
+  // Merge the warps' states: [warp][8 heads][kMergeRow<D>] outputs (the
+  // padded layout of merge_slot), then m and l.
   float* mo = reinterpret_cast<float*>(stages);
-  float* mm = mo + kWarps * 8 * D;
+  float* mm = mo + kWarps * 8 * kMergeRow<D>;
   float* ml = mm + kWarps * 8;
 #pragma unroll
   for (int off = 4; off < 32; off *= 2) {
@@ -741,13 +758,12 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32, Til
     mm[warp * 8 + 2 * c] = m0, ml[warp * 8 + 2 * c] = l0;
     mm[warp * 8 + 2 * c + 1] = m1, ml[warp * 8 + 2 * c + 1] = l1;
   }
-  float* base = mo + warp * 8 * D;
+  float* base = mo + warp * 8 * kMergeRow<D>;
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt) {
-    base[(2 * c) * D + (D / 8) * g + 2 * mt] = o[mt][0];
-    base[(2 * c + 1) * D + (D / 8) * g + 2 * mt] = o[mt][1];
-    base[(2 * c) * D + (D / 8) * g + 2 * mt + 1] = o[mt][2];
-    base[(2 * c + 1) * D + (D / 8) * g + 2 * mt + 1] = o[mt][3];
+    const int x = merge_slot((D / 8) * g + 2 * mt);  // even: x + 1 is coordinate + 1
+    *reinterpret_cast<float2*>(base + (2 * c) * kMergeRow<D> + x) = make_float2(o[mt][0], o[mt][2]);
+    *reinterpret_cast<float2*>(base + (2 * c + 1) * kMergeRow<D> + x) = make_float2(o[mt][1], o[mt][3]);
   }
   __syncthreads();
   // Per head (one thread each): the maximum of the warps' running maxima,
@@ -787,7 +803,7 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32, Til
     for (int w2 = 0; w2 < kWarps; ++w2) {
       const float f = mm[w2 * 8 + head];
       if (f < 0.0f) continue;  // a warp without tiles
-      acc += f * mo[(w2 * 8 + head) * D + j];
+      acc += f * mo[(w2 * 8 + head) * kMergeRow<D> + merge_slot(j)];
     }
     const float out = acc / ml[head];
     if (a.cluster_merge) reinterpret_cast<float*>(stages + a.cluster_result_offset)[head * D + j] = out;
@@ -977,7 +993,7 @@ void launch_attend(const AttnArgs& a, dim3 grid, cudaStream_t stream) {
   using L = TileLayout<KF, VF, kWide, D>;
   const int lut_bytes = 4 * L::kRowWords * (lut_entries(KF) + (VF == KF ? 0 : lut_entries(VF)));
   // The epilogue's region: the warps' outputs, then their m and l.
-  const int merge_bytes = 4 * (L::kWarps * 8 * D + 2 * L::kWarps * 8);
+  const int merge_bytes = 4 * (L::kWarps * 8 * kMergeRow<D> + 2 * L::kWarps * 8);
   // With cluster_merge, the chunk's result after those (merge_in_cluster).
   const int cluster_bytes = a.cluster_merge ? 4 * kDeviceMaxGroup * (D + 1) : 0;
   int smem = lut_bytes + std::max(L::kWarps * L::kStages * L::kStageBytes, merge_bytes + cluster_bytes);
