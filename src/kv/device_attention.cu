@@ -875,23 +875,156 @@ __global__ void __launch_bounds__(kRotThreads<D>) rotate_queries_kernel(const fl
   }
 }
 
-// out[row][qh] = sum_c 2^(lse_c - M) o_c / sum_c 2^(lse_c - M) over the row's
-// chunks, then @ M^T when V is rotated (mt; or, for a Hadamard rotation, by
-// its signs). In place when part_out == out (one chunk).
-// kHadamard: the un-rotation by the signs (its own instance, so that the
-// Haar and unrotated merges keep their code).
+// The chunks' exact log-sum-exp merge (the CPU reference's formula, in log2
+// units): out[row][qh] = sum_c 2^(lse_c - M) o_c / sum_c 2^(lse_c - M).
+// One pass over the chunks in order 0, 1, ... with a running maximum: a
+// block of kMergeUnroll chunks costs one round trip for both its
+// log-sum-exps and its partial outputs (independent loads). The first
+// version walked the chunks one L2 round trip per chunk and thread (~19 us
+// for 32 chunks at batch 1); the second took the maxima in a pass of its
+// own, with the log-sum-exps through shared memory: three more dependent
+// round trips and four barriers before the first sum.
+constexpr int kMergeUnroll = 16;
+
+// kItems consecutive floats (1, 2 or 4) as one load.
+template <int kItems>
+__device__ __forceinline__ void load_consecutive(const float* p, float (&v)[kItems]) {
+  if constexpr (kItems == 4) {
+    const float4 x = *reinterpret_cast<const float4*>(p);
+    v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
+  } else if constexpr (kItems == 2) {
+    const float2 x = *reinterpret_cast<const float2*>(p);
+    v[0] = x.x, v[1] = x.y;
+  } else {
+    v[0] = *p;
+  }
+}
+
+// Merges the partials of kItems coordinates of one query head into
+// merged[k]: load_block(s0, lse, v) fetches the log-sum-exps and the
+// coordinates' partial outputs of chunks s0 .. s0 + kMergeUnroll - 1, those
+// past the row's last chunk (n_chunks) as copies of that chunk, replaced here
+// by -inf and 0. The same operations in the same order for every caller, so
+// both merge kernels give the same bits.
+template <int kItems, typename LoadBlock>
+__device__ __forceinline__ void merge_chunks(int n_chunks, LoadBlock&& load_block, float (&merged)[kItems]) {
+  float running_max = -INFINITY, total = 0.0f, acc[kItems];
+#pragma unroll
+  for (int k = 0; k < kItems; ++k) acc[k] = 0.0f;
+  for (int s0 = 0; s0 < n_chunks; s0 += kMergeUnroll) {
+    float lse[kMergeUnroll], v[kMergeUnroll][kItems];
+    load_block(s0, lse, v);
+#pragma unroll
+    for (int u = 0; u < kMergeUnroll; ++u) {
+      const bool in = s0 + u < n_chunks;
+      lse[u] = in ? lse[u] : -INFINITY;
+#pragma unroll
+      for (int k = 0; k < kItems; ++k) v[u][k] = in ? v[u][k] : 0.0f;
+    }
+    float block_max = running_max;
+#pragma unroll
+    for (int u = 0; u < kMergeUnroll; ++u) block_max = fmaxf(block_max, lse[u]);
+    // Every chunk has a token, so its log-sum-exp is finite: block_max is
+    // too, and the first block's rescale is 2^-inf = 0.
+    const float rescale = exp2f(running_max - block_max);
+    total *= rescale;
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) acc[k] *= rescale;
+    running_max = block_max;
+#pragma unroll
+    for (int u = 0; u < kMergeUnroll; ++u) {
+      const float w = exp2f(lse[u] - block_max);  // 0 past the last chunk
+      total += w;
+#pragma unroll
+      for (int k = 0; k < kItems; ++k) acc[k] = fmaf(w, v[u][k], acc[k]);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kItems; ++k) merged[k] = acc[k] / total;
+}
+
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem));
+}
+
+// The merge when V needs no dense un-rotation (V unrotated, or rotated by a
+// Hadamard transform: kHadamard, by its signs): one warp per query head.
+// Each block of kMergeUnroll chunks comes into the warp's shared memory by
+// cp.async, one round trip for all its loads: per-CTA timer stamps of a
+// batch-1 / 32k call had the kernel before this one (one CTA per (row, KV
+// head), global loads that ptxas interleaved with the sums waiting for
+// them) at ~3 us from its wait to its sums. Lane l merges coordinates
+// (D/32) l + k, then takes l + 32u, the layout of hadamard_unrotate_warp.
+// In place when part_out == out (one chunk): every load of a warp's head
+// precedes its stores. part_out is 16-byte aligned (run_attention).
+constexpr int kMergeWarps = 4;
 template <int D, bool kHadamard>
-__global__ void __launch_bounds__(kRotThreads<D>) merge_kernel(AttnArgs a, const float* mt, const float* signs,
-                                                               float* out, __half* out16) {
-  float mslice[D / 4];  // the constant un-rotation, requested before waiting
-  float lane_signs[D / 32];
+__global__ void __launch_bounds__(32 * kMergeWarps) merge_heads_kernel(AttnArgs a, const float* signs, float* out,
+                                                                        __half* out16) {
+  float lane_signs[D / 32];  // constant: requested before waiting
   if constexpr (kHadamard) load_lane_signs<D>(signs, lane_signs);
-  else if (mt != nullptr) load_matrix_slice<D>(mt, mslice);
   cuda::pdl_wait();
   // The next kernel (the engine's o projection, a W4A16 GEMM) is launched
   // now and requests its first weights while this one merges: without the
   // trigger it started only when this grid had ended, with its pipeline empty.
   cuda::pdl_launch_dependents();
+  __shared__ __align__(16) float staged_out[kMergeWarps][kMergeUnroll][D];
+  __shared__ float staged_lse[kMergeWarps][kMergeUnroll];
+  const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
+  const int r = blockIdx.x, qh = blockIdx.y * kMergeWarps + warp;
+  if (qh >= a.num_q_heads) return;
+  int table_row;
+  int64_t len;
+  row_of(a, r, table_row, len);
+  const int n_chunks = static_cast<int>((len + a.split_tokens - 1) / a.split_tokens);
+  const int64_t head = static_cast<int64_t>(r) * a.num_q_heads + qh;
+  constexpr int kVec = D / 32;
+  float (*so)[D] = staged_out[warp];
+  float* sl = staged_lse[warp];
+  auto load_block = [&](int s0, float (&lse)[kMergeUnroll], float (&v)[kMergeUnroll][kVec]) {
+#pragma unroll
+    for (int u = 0; u < kMergeUnroll; ++u) {
+      const int64_t chunk = head * a.max_splits + min(s0 + u, n_chunks - 1);
+      if (4 * lane < D) cp_async16(&so[u][4 * lane], a.part_out + chunk * D + 4 * lane);
+      if (lane == u) cp_async4(&sl[u], a.part_lse + chunk);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncwarp();
+#pragma unroll
+    for (int u = 0; u < kMergeUnroll; ++u) {
+      lse[u] = sl[u];
+      load_consecutive<kVec>(&so[u][kVec * lane], v[u]);
+    }
+    __syncwarp();  // read before the next block's copies land
+  };
+  float merged[kVec];
+  merge_chunks<kVec>(n_chunks, load_block, merged);
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) so[0][kVec * lane + k] = merged[k];
+  __syncwarp();
+  float v[D / 32];
+#pragma unroll
+  for (int u = 0; u < D / 32; ++u) v[u] = so[0][lane + 32 * u];
+  if constexpr (kHadamard) hadamard_unrotate_warp<D>(v, lane_signs);
+#pragma unroll
+  for (int k = 0; k < D / 32; ++k) {
+    if (out16 != nullptr) out16[head * D + lane + 32 * k] = __float2half_rn(v[k]);
+    else out[head * D + lane + 32 * k] = v[k];
+  }
+}
+
+// The merge then out = o @ M^T for a Haar-rotated V (mt), one CTA per (row,
+// KV head): M^T is read once for the whole group. In place when part_out ==
+// out (one chunk).
+template <int D>
+__global__ void __launch_bounds__(kRotThreads<D>) merge_haar_kernel(AttnArgs a, const float* mt, float* out,
+                                                                    __half* out16) {
+  float mslice[D / 4];  // the constant un-rotation, requested before waiting
+  load_matrix_slice<D>(mt, mslice);
+  cuda::pdl_wait();
+  cuda::pdl_launch_dependents();  // as in merge_heads_kernel
   __shared__ float ys[kDeviceMaxGroup][D];
   __shared__ float red[4][kDeviceMaxGroup][D];
   const int r = blockIdx.x, h = blockIdx.y;
@@ -899,78 +1032,35 @@ __global__ void __launch_bounds__(kRotThreads<D>) merge_kernel(AttnArgs a, const
   int64_t len;
   row_of(a, r, table_row, len);
   const int n_chunks = static_cast<int>((len + a.split_tokens - 1) / a.split_tokens);
-  // One pass over the chunks in order 0, 1, ... with a running maximum per
-  // output: a block of kMergeUnroll chunks costs one round trip for both its
-  // log-sum-exps and its partial outputs (independent loads). The first
-  // version walked the chunks one L2 round trip per chunk and thread (~19 us
-  // for 32 chunks at batch 1); the second took the maxima in a pass of its
-  // own, with the log-sum-exps through shared memory: three more dependent
-  // round trips and four barriers before the first sum.
-  constexpr int kItems = kDeviceMaxGroup * D / kRotThreads<D>, kMergeUnroll = 16;
-  const int64_t head_base = (static_cast<int64_t>(r) * a.num_q_heads + h * a.group) * a.max_splits;
-  float running_max[kItems], total[kItems], acc[kItems];
-#pragma unroll
-  for (int k = 0; k < kItems; ++k) running_max[k] = -INFINITY, total[k] = acc[k] = 0.0f;
-  for (int s0 = 0; s0 < n_chunks; s0 += kMergeUnroll) {
-#pragma unroll
-    for (int k = 0; k < kItems; ++k) {
-      const int t = threadIdx.x + k * kRotThreads<D>;
-      if (t >= a.group * D) break;
-      const int64_t row0 = head_base + static_cast<int64_t>(t / D) * a.max_splits + s0;
-      float lse[kMergeUnroll], v[kMergeUnroll];
-#pragma unroll
-      for (int u = 0; u < kMergeUnroll; ++u) {
-        const bool in = s0 + u < n_chunks;
-        lse[u] = in ? a.part_lse[row0 + u] : -INFINITY;
-        v[u] = in ? a.part_out[(row0 + u) * D + t % D] : 0.0f;
-      }
-      float block_max = running_max[k];
-#pragma unroll
-      for (int u = 0; u < kMergeUnroll; ++u) block_max = fmaxf(block_max, lse[u]);
-      // Every chunk has a token, so its log-sum-exp is finite: block_max is
-      // too, and the first block's rescale is 2^-inf = 0.
-      const float rescale = exp2f(running_max[k] - block_max);
-      total[k] *= rescale, acc[k] *= rescale;
-      running_max[k] = block_max;
-#pragma unroll
-      for (int u = 0; u < kMergeUnroll; ++u) {
-        const float w = exp2f(lse[u] - block_max);  // 0 past the last chunk
-        total[k] += w;
-        acc[k] = fmaf(w, v[u], acc[k]);
-      }
-    }
-  }
+  constexpr int kItems = kDeviceMaxGroup * D / kRotThreads<D>;
+  const int64_t head0 = static_cast<int64_t>(r) * a.num_q_heads + h * a.group;
 #pragma unroll
   for (int k = 0; k < kItems; ++k) {
     const int t = threadIdx.x + k * kRotThreads<D>;
-    if (t < a.group * D) ys[t / D][t % D] = acc[k] / total[k];
+    if (t >= a.group * D) break;
+    const int64_t row0 = (head0 + t / D) * a.max_splits;
+    float merged[1];
+    merge_chunks<1>(
+        n_chunks,
+        [&](int s0, float (&lse)[kMergeUnroll], float (&v)[kMergeUnroll][1]) {
+#pragma unroll
+          for (int u = 0; u < kMergeUnroll; ++u) {
+            const int64_t chunk = row0 + min(s0 + u, n_chunks - 1);
+            lse[u] = a.part_lse[chunk];
+            v[u][0] = a.part_out[chunk * D + t % D];
+          }
+        },
+        merged);
+    ys[t / D][t % D] = merged[0];
   }
   __syncthreads();
-  const int64_t out_base = (static_cast<int64_t>(r) * a.num_q_heads + h * a.group) * D;
-  auto store = [&](int t, float v) {
-    if (out16 != nullptr) out16[out_base + t] = __float2half_rn(v);
-    else out[out_base + t] = v;
-  };
-  if (mt == nullptr) {
-    for (int t = threadIdx.x; t < a.group * D; t += kRotThreads<D>) store(t, ys[t / D][t % D]);
-    return;
-  }
-  if constexpr (kHadamard) {  // kRotThreads<D> / 32 >= 8 warps: one per head of the group
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (warp >= a.group) return;
-    float v[D / 32];
-#pragma unroll
-    for (int u = 0; u < D / 32; ++u) v[u] = ys[warp][lane + 32 * u];
-    hadamard_unrotate_warp<D>(v, lane_signs);
-#pragma unroll
-    for (int u = 0; u < D / 32; ++u) store(warp * D + lane + 32 * u, v[u]);
-    return;
-  }
   small_matmul<D>(ys, mslice, a.group, red);
   __syncthreads();
   for (int t = threadIdx.x; t < a.group * D; t += kRotThreads<D>) {
     const int g = t / D, j = t % D;
-    store(t, (red[0][g][j] + red[1][g][j]) + (red[2][g][j] + red[3][g][j]));
+    const float y = (red[0][g][j] + red[1][g][j]) + (red[2][g][j] + red[3][g][j]);
+    if (out16 != nullptr) out16[head0 * D + t] = __float2half_rn(y);
+    else out[head0 * D + t] = y;
   }
 }
 
@@ -1131,6 +1221,21 @@ DecodePlan plan_decode(const KvCacheConfig& config, int rows, int64_t max_length
   return plan;
 }
 
+// The chunks' merge: Haar-rotated V (mt without signs) by merge_haar_kernel,
+// else one warp per query head.
+template <int D>
+void launch_merge(const AttnArgs& a, int rows, const float* mt, const float* v_signs, float* out, __half* out16,
+                  cudaStream_t stream) {
+  if (mt != nullptr && v_signs == nullptr) {
+    cuda::launch_with_pdl(merge_haar_kernel<D>, dim3(rows, a.num_kv_heads), dim3(kRotThreads<D>), 0, stream, a, mt,
+                          out, out16);
+    return;
+  }
+  const dim3 grid(rows, (a.num_q_heads + kMergeWarps - 1) / kMergeWarps);
+  cuda::launch_with_pdl(v_signs != nullptr ? merge_heads_kernel<D, true> : merge_heads_kernel<D, false>, grid,
+                        dim3(32 * kMergeWarps), 0, stream, a, v_signs, out, out16);
+}
+
 void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTables& tables, int prefill_row,
                    int64_t first_pos, int rows, int64_t max_length, int num_q_heads, const float* q, float* out,
                    AttentionWorkspace& ws, const DeviceDecodeOptions& options, cudaStream_t stream) {
@@ -1238,8 +1343,9 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
   a.v_signs = v_signs;
   if (!a.cluster_merge) {
     // One chunk: the partial has the output's layout, so the merge kernel
-    // un-rotates in place and the workspace needs no copy of the output.
-    a.part_out = max_splits == 1 && options.out_f16 == nullptr
+    // un-rotates in place and the workspace needs no copy of the output
+    // (when out is 16-byte aligned, as merge_heads_kernel's copies need).
+    a.part_out = max_splits == 1 && options.out_f16 == nullptr && reinterpret_cast<uintptr_t>(out) % 16 == 0
                      ? out
                      : ws.partial_out(q_floats * static_cast<size_t>(max_splits));
     a.part_lse = ws.partial_lse(static_cast<size_t>(rows) * num_q_heads * max_splits);
@@ -1275,16 +1381,10 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
   }
   if (d == 64) {
     if (!tiled) dispatch<64>(fmt_of(cfg.k_format), fmt_of(cfg.v_format), plan.wide, a, grid, stream);
-    if (!a.cluster_merge) {
-      cuda::launch_with_pdl(v_signs != nullptr ? merge_kernel<64, true> : merge_kernel<64, false>, dim3(rows, H),
-                            dim3(kRotThreads<64>), 0, stream, a, mt, v_signs, out, out16);
-    }
+    if (!a.cluster_merge) launch_merge<64>(a, rows, mt, v_signs, out, out16, stream);
   } else {
     if (!tiled) dispatch<128>(fmt_of(cfg.k_format), fmt_of(cfg.v_format), plan.wide, a, grid, stream);
-    if (!a.cluster_merge) {
-      cuda::launch_with_pdl(v_signs != nullptr ? merge_kernel<128, true> : merge_kernel<128, false>, dim3(rows, H),
-                            dim3(kRotThreads<128>), 0, stream, a, mt, v_signs, out, out16);
-    }
+    if (!a.cluster_merge) launch_merge<128>(a, rows, mt, v_signs, out, out16, stream);
   }
 }
 
