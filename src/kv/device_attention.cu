@@ -15,11 +15,12 @@
 //     warps for packed K and V (TileLayout), 4 when either is fp16. At a
 //     decode step it may also store each row's newest K/V first
 //     (DeviceDecodeOptions::append_k: no append kernel before it).
-//  3. merge: the exact log-sum-exp merge of the chunks, then out = o @ M^T
-//     once per output when V is stored rotated. Rows of at most 8 chunks
-//     (sm_90, V not Haar-rotated) need no merge kernel: the CTAs of a (row,
-//     KV head) run as a cluster and merge through distributed shared memory
-//     with the same arithmetic (merge_in_cluster).
+//  3. merge: the exact log-sum-exp merge of the chunks (merge_heads, one
+//     warp per query head, un-rotating a Hadamard-rotated V by its signs; or
+//     merge_haar, out = o @ M^T once per output for a Haar-rotated V). Rows
+//     of at most 8 chunks (sm_90, V not Haar-rotated) need no merge kernel:
+//     the CTAs of a (row, KV head) run as a cluster and merge through
+//     distributed shared memory with the same arithmetic (merge_in_cluster).
 //
 // Every kernel is a template on the head dimension D (64 or 128); a lane's
 // share of a row, the k-steps and the m-tiles scale with it. The numbers
