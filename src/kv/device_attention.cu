@@ -425,6 +425,75 @@ __host__ __device__ constexpr int merge_slot(int coordinate) { return coordinate
 template <int D>
 constexpr int kMergeRow = D + 2 * (D / 32) + 2;
 
+// The chunks' exact log-sum-exp merge (the CPU reference's formula, in log2
+// units): out[row][qh] = sum_c 2^(lse_c - M) o_c / sum_c 2^(lse_c - M).
+// One pass over the chunks in order 0, 1, ... with a running maximum: a
+// block of kMergeUnroll chunks costs one round trip for both its
+// log-sum-exps and its partial outputs (independent loads). The first
+// version walked the chunks one L2 round trip per chunk and thread (~19 us
+// for 32 chunks at batch 1); the second took the maxima in a pass of its
+// own, with the log-sum-exps through shared memory: three more dependent
+// round trips and four barriers before the first sum.
+constexpr int kMergeUnroll = 16;
+
+// kItems consecutive floats (1, 2 or 4) as one load.
+template <int kItems>
+__device__ __forceinline__ void load_consecutive(const float* p, float (&v)[kItems]) {
+  if constexpr (kItems == 4) {
+    const float4 x = *reinterpret_cast<const float4*>(p);
+    v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
+  } else if constexpr (kItems == 2) {
+    const float2 x = *reinterpret_cast<const float2*>(p);
+    v[0] = x.x, v[1] = x.y;
+  } else {
+    v[0] = *p;
+  }
+}
+
+// Merges the partials of kItems coordinates of one query head into
+// merged[k]: load_block(s0, lse, v) fetches the log-sum-exps and the
+// coordinates' partial outputs of chunks s0 .. s0 + kUnroll - 1, those
+// past the row's last chunk (n_chunks) as copies of that chunk, replaced here
+// by -inf and 0. The same operations in the same order for every caller, so
+// both merge kernels and merge_in_cluster give the same bits (the chunks
+// past the last add zeros).
+template <int kItems, int kUnroll = kMergeUnroll, typename LoadBlock>
+__device__ __forceinline__ void merge_chunks(int n_chunks, LoadBlock&& load_block, float (&merged)[kItems]) {
+  float running_max = -INFINITY, total = 0.0f, acc[kItems];
+#pragma unroll
+  for (int k = 0; k < kItems; ++k) acc[k] = 0.0f;
+  for (int s0 = 0; s0 < n_chunks; s0 += kUnroll) {
+    float lse[kUnroll], v[kUnroll][kItems];
+    load_block(s0, lse, v);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const bool in = s0 + u < n_chunks;
+      lse[u] = in ? lse[u] : -INFINITY;
+#pragma unroll
+      for (int k = 0; k < kItems; ++k) v[u][k] = in ? v[u][k] : 0.0f;
+    }
+    float block_max = running_max;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) block_max = fmaxf(block_max, lse[u]);
+    // Every chunk has a token, so its log-sum-exp is finite: block_max is
+    // too, and the first block's rescale is 2^-inf = 0.
+    const float rescale = exp2f(running_max - block_max);
+    total *= rescale;
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) acc[k] *= rescale;
+    running_max = block_max;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const float w = exp2f(lse[u] - block_max);  // 0 past the last chunk
+      total += w;
+#pragma unroll
+      for (int k = 0; k < kItems; ++k) acc[k] = fmaf(w, v[u][k], acc[k]);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kItems; ++k) merged[k] = acc[k] / total;
+}
+
 // At most this many chunks per row are merged inside a cluster (the
 // portable cluster size); longer rows take the merge kernel.
 constexpr int kMaxClusterChunks = 8;
@@ -451,28 +520,24 @@ __device__ void merge_in_cluster(const AttnArgs& a, int r, int h, int64_t len, f
   float lane_signs[D / 32];
   if (a.v_signs != nullptr) load_lane_signs<D>(a.v_signs, lane_signs);
   for (int head = rank + ranks * warp; head < a.group; head += ranks * warps) {
-    float lse[kMaxClusterChunks];
-    float block_max = -INFINITY;
-#pragma unroll
-    for (int u = 0; u < kMaxClusterChunks; ++u) {
-      lse[u] = u < n_chunks ? *cluster.map_shared_rank(lse_of + head, u) : -INFINITY;
-      block_max = fmaxf(block_max, lse[u]);
-    }
-    float total = 0.0f, acc[D / 32];
-#pragma unroll
-    for (int k = 0; k < D / 32; ++k) acc[k] = 0.0f;
-#pragma unroll
-    for (int u = 0; u < kMaxClusterChunks; ++u) {
-      if (u >= n_chunks) break;
-      const float w = exp2f(lse[u] - block_max);
-      const float* remote = cluster.map_shared_rank(results + head * D, u);
-      total += w;
-#pragma unroll
-      for (int k = 0; k < D / 32; ++k) acc[k] = fmaf(w, remote[lane + 32 * k], acc[k]);
-    }
+    // Every rank's log-sum-exp and outputs in one round trip: ranks past
+    // the row's last chunk read that chunk again (merge_chunks masks them).
+    // Loaded one chunk after another (a loop that stopped at the last
+    // chunk), this took 1.3-1.5 us of a batch-1 / 1k call (timer stamps).
     float v[D / 32];
+    merge_chunks<D / 32, kMaxClusterChunks>(
+        n_chunks,
+        [&](int, float (&lse)[kMaxClusterChunks], float (&x)[kMaxClusterChunks][D / 32]) {
 #pragma unroll
-    for (int k = 0; k < D / 32; ++k) v[k] = acc[k] / total;
+          for (int u = 0; u < kMaxClusterChunks; ++u) {
+            const int from = min(u, n_chunks - 1);
+            lse[u] = *cluster.map_shared_rank(lse_of + head, from);
+            const float* remote = cluster.map_shared_rank(results + head * D, from);
+#pragma unroll
+            for (int k = 0; k < D / 32; ++k) x[u][k] = remote[lane + 32 * k];
+          }
+        },
+        v);
     if (a.v_signs != nullptr) hadamard_unrotate_warp<D>(v, lane_signs);
     const int64_t out_base = (static_cast<int64_t>(r) * a.num_q_heads + h * a.group + head) * D;
 #pragma unroll
@@ -874,74 +939,6 @@ __global__ void __launch_bounds__(kRotThreads<D>) rotate_queries_kernel(const fl
     const int g = t / D, j = t % D;
     out[base + t] = ((red[0][g][j] + red[1][g][j]) + (red[2][g][j] + red[3][g][j])) * scale_log2;
   }
-}
-
-// The chunks' exact log-sum-exp merge (the CPU reference's formula, in log2
-// units): out[row][qh] = sum_c 2^(lse_c - M) o_c / sum_c 2^(lse_c - M).
-// One pass over the chunks in order 0, 1, ... with a running maximum: a
-// block of kMergeUnroll chunks costs one round trip for both its
-// log-sum-exps and its partial outputs (independent loads). The first
-// version walked the chunks one L2 round trip per chunk and thread (~19 us
-// for 32 chunks at batch 1); the second took the maxima in a pass of its
-// own, with the log-sum-exps through shared memory: three more dependent
-// round trips and four barriers before the first sum.
-constexpr int kMergeUnroll = 16;
-
-// kItems consecutive floats (1, 2 or 4) as one load.
-template <int kItems>
-__device__ __forceinline__ void load_consecutive(const float* p, float (&v)[kItems]) {
-  if constexpr (kItems == 4) {
-    const float4 x = *reinterpret_cast<const float4*>(p);
-    v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
-  } else if constexpr (kItems == 2) {
-    const float2 x = *reinterpret_cast<const float2*>(p);
-    v[0] = x.x, v[1] = x.y;
-  } else {
-    v[0] = *p;
-  }
-}
-
-// Merges the partials of kItems coordinates of one query head into
-// merged[k]: load_block(s0, lse, v) fetches the log-sum-exps and the
-// coordinates' partial outputs of chunks s0 .. s0 + kMergeUnroll - 1, those
-// past the row's last chunk (n_chunks) as copies of that chunk, replaced here
-// by -inf and 0. The same operations in the same order for every caller, so
-// both merge kernels give the same bits.
-template <int kItems, typename LoadBlock>
-__device__ __forceinline__ void merge_chunks(int n_chunks, LoadBlock&& load_block, float (&merged)[kItems]) {
-  float running_max = -INFINITY, total = 0.0f, acc[kItems];
-#pragma unroll
-  for (int k = 0; k < kItems; ++k) acc[k] = 0.0f;
-  for (int s0 = 0; s0 < n_chunks; s0 += kMergeUnroll) {
-    float lse[kMergeUnroll], v[kMergeUnroll][kItems];
-    load_block(s0, lse, v);
-#pragma unroll
-    for (int u = 0; u < kMergeUnroll; ++u) {
-      const bool in = s0 + u < n_chunks;
-      lse[u] = in ? lse[u] : -INFINITY;
-#pragma unroll
-      for (int k = 0; k < kItems; ++k) v[u][k] = in ? v[u][k] : 0.0f;
-    }
-    float block_max = running_max;
-#pragma unroll
-    for (int u = 0; u < kMergeUnroll; ++u) block_max = fmaxf(block_max, lse[u]);
-    // Every chunk has a token, so its log-sum-exp is finite: block_max is
-    // too, and the first block's rescale is 2^-inf = 0.
-    const float rescale = exp2f(running_max - block_max);
-    total *= rescale;
-#pragma unroll
-    for (int k = 0; k < kItems; ++k) acc[k] *= rescale;
-    running_max = block_max;
-#pragma unroll
-    for (int u = 0; u < kMergeUnroll; ++u) {
-      const float w = exp2f(lse[u] - block_max);  // 0 past the last chunk
-      total += w;
-#pragma unroll
-      for (int k = 0; k < kItems; ++k) acc[k] = fmaf(w, v[u][k], acc[k]);
-    }
-  }
-#pragma unroll
-  for (int k = 0; k < kItems; ++k) merged[k] = acc[k] / total;
 }
 
 __device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
