@@ -646,7 +646,15 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32, Til
   // Otherwise (fp16 K: no rotation kernel, and the previous kernel may be the
   // append) nothing of the cache is read before the wait.
   const bool appends_newest = a.append_k != nullptr && t1 == len;
-  const bool issue_early = a.append_k != nullptr || (a.queries_rotated && !(a.newest_token_fresh && t1 == len));
+  // With the queries rotated here in the wide layout, the tiles wait for
+  // the query loads instead (below): a standalone call has nothing before it
+  // to overlap, and 16 warps' first tiles per SM queue ahead of the queries.
+  // (One H100, tq4, us: batch 1 / 32k 30.2 -> 28.8-29.0 and batch 8 / 4k
+  // 28.8 -> 27.4-27.6 in the wide layout; the 8-warp one lost 0.4-0.8 us at
+  // batch 1 and 8 / 1k and batch 1 / 4k, so it keeps the early tiles.)
+  const bool rotate_here = kRotates && a.q_signs != nullptr;
+  const bool issue_early = a.append_k != nullptr || (a.queries_rotated && !(rotate_here && kWide) &&
+                                                     !(a.newest_token_fresh && t1 == len));
   // With append_k, the CTA holding the row's newest token stores it: warp 0
   // its K, warp 1 its V, with the append kernel's bytes. What that needs
   // besides the vector (codebook, signs, the row's page) is loaded before
@@ -696,6 +704,31 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32, Til
     }
     __syncthreads();
   }
+  // The queries are requested before the tiles that are not in flight yet:
+  // behind them (8.6 MB of first tiles over a batch-1 / 32k grid), the query
+  // loads took ~5 us from the wait to the loop's start (timer stamps).
+  // Column g of the score mma's B fragment is query head h*group + g (zero
+  // past the group), rows in the K operand's coordinate order; with the
+  // rotation here, warp w rotates heads w, w + kWarps, ... first.
+  constexpr int kHeadsPerWarp = (kDeviceMaxGroup + kWarps - 1) / kWarps;
+  const float* qrow = a.q + ((static_cast<int64_t>(r) * a.num_q_heads + h * a.group) + g) * D;
+  float q_head[kHeadsPerWarp][D / 32];
+  float4 q_frag[D / 16];
+  if (rotate_here) {
+#pragma unroll
+    for (int i = 0; i < kHeadsPerWarp; ++i) {
+      const int w = warp + kWarps * i;
+      if (w >= a.group) break;
+      const float* src = a.q + ((static_cast<int64_t>(r) * a.num_q_heads + h * a.group) + w) * D;
+#pragma unroll
+      for (int u = 0; u < D / 32; ++u) q_head[i][u] = src[lane + 32 * u];
+    }
+  } else {
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks)
+      q_frag[ks] = g < a.group ? *reinterpret_cast<const float4*>(qrow + (D / 4) * c + 4 * ks)
+                               : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
   if (!issue_early) {
 #pragma unroll
     for (int i = 0; i < S - 1; ++i) {
@@ -704,35 +737,30 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32, Til
     }
   }
 
-  // Query fragment (B of the score mma): column g is query head h*group + g
-  // (zero past the group), rows in the K operand's coordinate order.
   uint32_t qb[D / 16][2];
-  {
-    const float* qrow = a.q + ((static_cast<int64_t>(r) * a.num_q_heads + h * a.group) + g) * D;
-    if (kRotates && a.q_signs != nullptr) {
-      // The group's queries rotated here, one warp per head (hadamard_warp.cuh,
-      // the rotation kernel's arithmetic): with the d signs instead of a 64 KB
-      // matrix, this costs less than the launch of a kernel before this one.
-      float* staged = reinterpret_cast<float*>(smem + a.q_stage_offset);
-      for (int w = warp; w < a.group; w += kWarps) {
-        const float* src = a.q + ((static_cast<int64_t>(r) * a.num_q_heads + h * a.group) + w) * D;
-        float v[D / 32];
+  if (rotate_here) {
+    // The group's queries rotated here, one warp per head (hadamard_warp.cuh,
+    // the rotation kernel's arithmetic): with the d signs instead of a 64 KB
+    // matrix, this costs less than the launch of a kernel before this one.
+    float* staged = reinterpret_cast<float*>(smem + a.q_stage_offset);
 #pragma unroll
-        for (int u = 0; u < D / 32; ++u) v[u] = src[lane + 32 * u];
-        hadamard_rotate_warp<D>(v, lane_signs, a.q_rotate_scale);
+    for (int i = 0; i < kHeadsPerWarp; ++i) {
+      const int w = warp + kWarps * i;
+      if (w >= a.group) break;
+      hadamard_rotate_warp<D>(q_head[i], lane_signs, a.q_rotate_scale);
 #pragma unroll
-        for (int u = 0; u < D / 32; ++u) staged[w * D + lane + 32 * u] = v[u];
-      }
-      __syncthreads();
-      qrow = staged + g * D;
+      for (int u = 0; u < D / 32; ++u) staged[w * D + lane + 32 * u] = q_head[i][u];
     }
+    __syncthreads();
 #pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
-      float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (g < a.group) x = *reinterpret_cast<const float4*>(qrow + (D / 4) * c + 4 * ks);
-      qb[ks][0] = pack_half2(x.x * a.q_scale, x.y * a.q_scale);
-      qb[ks][1] = pack_half2(x.z * a.q_scale, x.w * a.q_scale);
-    }
+    for (int ks = 0; ks < D / 16; ++ks)
+      q_frag[ks] = g < a.group ? *reinterpret_cast<const float4*>(staged + g * D + (D / 4) * c + 4 * ks)
+                               : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) {
+    qb[ks][0] = pack_half2(q_frag[ks].x * a.q_scale, q_frag[ks].y * a.q_scale);
+    qb[ks][1] = pack_half2(q_frag[ks].z * a.q_scale, q_frag[ks].w * a.q_scale);
   }
   __syncthreads();  // tables filled
 
