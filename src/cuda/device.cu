@@ -1,11 +1,16 @@
 #include "lowbit/cuda/device.h"
 
+#include <atomic>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <string>
+#include <utility>
 
 #include "lowbit/core/error.h"
 #include "lowbit/core/tensor.h"
 #include "lowbit/cuda/check.h"
+#include "lowbit/cuda/device_attribute.h"
 #include "lowbit/cuda/pdl.cuh"
 #include "lowbit/cuda/random.h"
 #include "lowbit/cuda/timer.h"
@@ -129,21 +134,33 @@ double measure_copy_bandwidth_GBps(int index, size_t bytes, bench::TimingStats* 
 
 namespace lowbit::cuda {
 
+int device_attribute(cudaDeviceAttr attr, int device) {
+  static std::mutex mutex;
+  static std::map<std::pair<int, int>, int> cached;  // (device, attribute) -> value
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_pair(device, static_cast<int>(attr));
+  if (const auto it = cached.find(key); it != cached.end()) return it->second;
+  int value = 0;
+  LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&value, attr, device));
+  cached.emplace(key, value);
+  return value;
+}
+
 bool pdl_enabled() {
-  static int cached[64] = {};  // 0 unknown, 1 off, 2 on
+  // Atomic slots: host threads may fill them at once (with the same value).
+  static std::atomic<int> cached[64] = {};  // 0 unknown, 1 off, 2 on
   static const bool disabled_by_env = [] {
     const char* v = std::getenv("LOWBIT_PDL");
     return v != nullptr && std::string(v) == "0";
   }();
   int device = 0;
   LOWBIT_CUDA_CHECK(cudaGetDevice(&device));
-  int& slot = cached[device & 63];
-  if (slot == 0) {
-    int major = 0;
-    LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    slot = major >= 9 && !disabled_by_env ? 2 : 1;
+  std::atomic<int>& slot = cached[device & 63];
+  if (slot.load(std::memory_order_relaxed) == 0) {
+    const int major = device_attribute(cudaDevAttrComputeCapabilityMajor, device);
+    slot.store(major >= 9 && !disabled_by_env ? 2 : 1, std::memory_order_relaxed);
   }
-  return slot == 2;
+  return slot.load(std::memory_order_relaxed) == 2;
 }
 
 }  // namespace lowbit::cuda

@@ -73,6 +73,7 @@
 
 #include "lowbit/core/error.h"
 #include "lowbit/cuda/check.h"
+#include "lowbit/cuda/device_attribute.h"
 #include "lowbit/cuda/kernel_smem.h"
 #include "lowbit/cuda/pdl.cuh"
 #include "lowbit/kv/device_cache.h"
@@ -1167,26 +1168,17 @@ void dispatch(int kf, int vf, bool wide, const AttnArgs& a, dim3 grid, cudaStrea
   }
 }
 
-// Whether the current device launches clusters (sm_90 and later). Cached
-// per device.
+// Whether the current device launches clusters (sm_90 and later).
 bool clusters_available() {
-  static int cached[64];  // 0 unknown, 1 no, 2 yes
   int device = 0;
   LOWBIT_CUDA_CHECK(cudaGetDevice(&device));
-  if (device < 0 || device >= 64) return false;
-  if (cached[device] == 0) {
-    int yes = 0;
-    LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&yes, cudaDevAttrClusterLaunch, device));
-    cached[device] = yes != 0 ? 2 : 1;
-  }
-  return cached[device] == 2;
+  return cuda::device_attribute(cudaDevAttrClusterLaunch, device) != 0;
 }
 
 int sm_count() {
-  int device = 0, sms = 0;
+  int device = 0;
   LOWBIT_CUDA_CHECK(cudaGetDevice(&device));
-  LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return sms;
+  return cuda::device_attribute(cudaDevAttrMultiProcessorCount, device);
 }
 
 // The chunk length and the CTA layout of a call (see decode_split_tokens).

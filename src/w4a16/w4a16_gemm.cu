@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "lowbit/cuda/check.h"
+#include "lowbit/cuda/device_attribute.h"
 #include "lowbit/cuda/kernel_smem.h"
 #include "lowbit/cuda/cublas_check.h"
 #include "lowbit/cuda/random.h"
@@ -386,22 +387,8 @@ void launch_fused_rows(const KernelArgs& args, int rows_per_pass, dim3 grid, cud
   }
 }
 
-int sm_count(int device) {
-  static int cached_device = -1, cached = 0;
-  if (cached_device != device) {
-    LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&cached, cudaDevAttrMultiProcessorCount, device));
-    cached_device = device;
-  }
-  return cached;
-}
-int64_t l2_bytes(int device) {
-  static int cached_device = -1, cached = 0;
-  if (cached_device != device) {
-    LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&cached, cudaDevAttrL2CacheSize, device));
-    cached_device = device;
-  }
-  return std::max(1, cached);
-}
+int sm_count(int device) { return cuda::device_attribute(cudaDevAttrMultiProcessorCount, device); }
+int64_t l2_bytes(int device) { return std::max(1, cuda::device_attribute(cudaDevAttrL2CacheSize, device)); }
 
 // The problem as the wgmma and gemv kernels take it (partials and counters
 // are filled in by the caller when K is split).

@@ -788,9 +788,10 @@ int wgmma_rows_per_tile(int64_t M) {
 }
 
 bool wgmma_supported(int device) {
-  static int cached[64];  // 0 unknown, 1 no, 2 yes
+  // Atomic slots: host threads may probe at once (and store the same answer).
+  static std::atomic<int> cached[64];  // 0 unknown, 1 no, 2 yes
   if (device < 0 || device >= 64) return false;
-  if (cached[device] != 0) return cached[device] == 2;
+  if (const int known = cached[device].load(std::memory_order_relaxed); known != 0) return known == 2;
   cuda::DeviceGuard guard(device);
   int cc_major = 0;
   LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, device));
@@ -806,7 +807,7 @@ bool wgmma_supported(int device) {
     LOWBIT_CUDA_CHECK(cudaFree(flag));
     yes = host == 1;
   }
-  cached[device] = yes ? 2 : 1;
+  cached[device].store(yes ? 2 : 1, std::memory_order_relaxed);
   return yes;
 }
 

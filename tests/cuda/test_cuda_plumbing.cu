@@ -12,6 +12,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gpu_test_util.h"
@@ -22,6 +23,7 @@
 #include "lowbit/cuda/cublas_check.h"
 #include "lowbit/cuda/cublas_gemm.h"
 #include "lowbit/cuda/device.h"
+#include "lowbit/cuda/device_attribute.h"
 #include "lowbit/cuda/kernel_smem.h"
 #include "lowbit/cuda/random.h"
 #include "lowbit/cuda/timer.h"
@@ -198,6 +200,43 @@ TEST(CudaKernelSmem, OptInIsPerDeviceAndNeverLowered) {
   if (cuda_device_count() < 2)
     std::printf("[ note     ] one CUDA device: the per-device opt-in was checked on device 0 only\n");
   first_run = false;
+}
+
+// The planners' cached attributes: the runtime's values for every device,
+// from host threads asking for devices and attributes in different orders
+// (two statics holding "the last device and its value" gave one device's
+// value for another here), and Error(cuda) for a device that does not exist.
+TEST(CudaDeviceAttribute, CachedValuesAreTheRuntimesFromManyThreads) {
+  LOWBIT_REQUIRE_GPU();
+  const cudaDeviceAttr attrs[] = {cudaDevAttrMultiProcessorCount, cudaDevAttrL2CacheSize,
+                                  cudaDevAttrComputeCapabilityMajor, cudaDevAttrClusterLaunch};
+  const int devices = cuda_device_count();
+  std::vector<int> want;
+  for (int d = 0; d < devices; ++d)
+    for (const cudaDeviceAttr attr : attrs) {
+      int v = 0;
+      LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&v, attr, d));
+      want.push_back(v);
+    }
+  constexpr int kThreads = 8, kRounds = 200;
+  std::vector<int> wrong(kThreads, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kRounds; ++i) {
+        const int k = (i * 7 + t * 3) % static_cast<int>(want.size());  // a different order per thread
+        const int d = k / 4;
+        if (cuda::device_attribute(attrs[k % 4], d) != want[static_cast<size_t>(k)]) ++wrong[static_cast<size_t>(t)];
+      }
+    });
+  for (std::thread& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(wrong[static_cast<size_t>(t)], 0) << "thread " << t;
+  EXPECT_GT(cuda::device_attribute(cudaDevAttrMultiProcessorCount, 0), 0);
+  const Error e = expect_lowbit_error([&] { cuda::device_attribute(cudaDevAttrMultiProcessorCount, devices + 5); });
+  EXPECT_EQ(e.kind(), ErrorKind::cuda);
+  cudaGetLastError();
+  if (devices < 2)
+    std::printf("[ note     ] one CUDA device: the attributes of device 0 only, from %d threads\n", kThreads);
 }
 
 TEST(CudaCheck, FailingCublasCallThrowsCudaError) {
