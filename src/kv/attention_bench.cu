@@ -205,15 +205,13 @@ void run_kv_attention_benchmark(const KvAttentionBenchOptions& options) {
           kv::DeviceDecodeOptions decode;
           decode.split_tokens = forced;
           decode.cluster_merge = options.cluster_merge;
-          decode.merge_in_last_cta = options.merge_in_last_cta;
           bench::BenchRow row;
           row.suite = "kv_decode_attention";
           row.impl = impl;
           row.shape = {{"batch", batch},        {"context", context},     {"q_heads", kQHeads},
                        {"kv_heads", kKvHeads}, {"head_dim", kHeadDim}, {"page_size", options.page_size},
                        {"rotation", std::string(options.hadamard ? "hadamard" : "haar")},
-                       {"cluster_merge", options.cluster_merge},
-                       {"merge_in_last_cta", options.merge_in_last_cta}};
+                       {"cluster_merge", options.cluster_merge}};
           row.bytes = static_cast<uint64_t>(batch) * static_cast<uint64_t>(context) * kKvHeads *
                       static_cast<uint64_t>(2 * vec_bytes);
           row.stats = cuda::time_cuda(

@@ -75,7 +75,6 @@
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/device_attribute.h"
 #include "lowbit/cuda/kernel_smem.h"
-#include "lowbit/cuda/gpu_scope_atomics.cuh"
 #include "lowbit/cuda/pdl.cuh"
 #include "lowbit/kv/device_cache.h"
 #include "lowbit/kv/append_warp.cuh"
@@ -120,10 +119,6 @@ struct AttnArgs {
   int max_splits;
   float* part_out;  // [rows][num_q_heads][max_splits][d]
   float* part_lse;  // [rows][num_q_heads][max_splits], log2 units
-  // Set: the last CTA of each (row, KV head) to store its partial merges the
-  // row's chunks (merge_in_last_cta) instead of the merge kernel. One counter
-  // per (row, KV head), zero between calls (the last CTA resets it).
-  int* merge_counters;
   float k_centroids[16], v_centroids[16];
   // DeviceDecodeOptions::cluster_merge: the CTAs of one (row, KV head) are a
   // cluster (one CTA per chunk), each leaves its chunk's result in its
@@ -556,103 +551,6 @@ __device__ void merge_in_cluster(const AttnArgs& a, int r, int h, int64_t len, f
 #endif
 }
 
-__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem));
-}
-
-// One warp merges query head qh of row r from the partials in global memory
-// when V needs no dense un-rotation (V unrotated, or rotated by a Hadamard
-// transform: kHadamard, by its signs), and stores it. Each block of
-// kMergeUnroll chunks comes into the warp's shared memory (so: [kMergeUnroll]
-// [D], sl: [kMergeUnroll]) by cp.async, one round trip for all its loads:
-// per-CTA timer stamps of a batch-1 / 32k call had the kernel before this
-// one (one CTA per (row, KV head), global loads that ptxas interleaved with
-// the sums waiting for them) at ~3 us from its wait to its sums. Lane l
-// merges coordinates (D/32) l + k, then takes l + 32u, the layout of
-// hadamard_unrotate_warp. In place when part_out == out (one chunk): every
-// load of the head precedes its stores. part_out is 16-byte aligned
-// (run_attention). The merge kernel and merge_in_last_cta both run this, so
-// they give the same bits.
-template <int D, bool kHadamard>
-__device__ __forceinline__ void merge_head_warp(const AttnArgs& a, int r, int qh, int n_chunks, float (*so)[D],
-                                                float* sl, const float (&lane_signs)[D / 32], float* out,
-                                                __half* out16) {
-  const int lane = static_cast<int>(threadIdx.x % 32);
-  const int64_t head = static_cast<int64_t>(r) * a.num_q_heads + qh;
-  constexpr int kVec = D / 32;
-  auto load_block = [&](int s0, float (&lse)[kMergeUnroll], float (&v)[kMergeUnroll][kVec]) {
-#pragma unroll
-    for (int u = 0; u < kMergeUnroll; ++u) {
-      const int64_t chunk = head * a.max_splits + min(s0 + u, n_chunks - 1);
-      if (4 * lane < D) cp_async16(&so[u][4 * lane], a.part_out + chunk * D + 4 * lane);
-      if (lane == u) cp_async4(&sl[u], a.part_lse + chunk);
-    }
-    cp_async_commit();
-    cp_async_wait<0>();
-    __syncwarp();
-#pragma unroll
-    for (int u = 0; u < kMergeUnroll; ++u) {
-      lse[u] = sl[u];
-      load_consecutive<kVec>(&so[u][kVec * lane], v[u]);
-    }
-    __syncwarp();  // read before the next block's copies land
-  };
-  float merged[kVec];
-  merge_chunks<kVec>(n_chunks, load_block, merged);
-#pragma unroll
-  for (int k = 0; k < kVec; ++k) so[0][kVec * lane + k] = merged[k];
-  __syncwarp();
-  float v[D / 32];
-#pragma unroll
-  for (int u = 0; u < D / 32; ++u) v[u] = so[0][lane + 32 * u];
-  __syncwarp();  // read before the warp's next head reuses so
-  if constexpr (kHadamard) hadamard_unrotate_warp<D>(v, lane_signs);
-#pragma unroll
-  for (int k = 0; k < D / 32; ++k) {
-    if (out16 != nullptr) out16[head * D + lane + 32 * k] = __float2half_rn(v[k]);
-    else out[head * D + lane + 32 * k] = v[k];
-  }
-}
-
-// Shared memory per warp of merge_head_warp's staging.
-template <int D>
-constexpr int kMergeStagingFloats = kMergeUnroll * (D + 1);
-
-// AttnArgs::merge_counters, after this CTA stored its chunk's partials: the
-// count of the row's chunks stored so far, and the merge by the CTA that
-// stores the last one. Against the merge kernel it saves that kernel's wait
-// for the whole grid and its launch; it costs every CTA a round trip for the
-// count (thread 0's acq_rel add after the barrier that follows the stores,
-// the split-K semaphore of the W4A16 kernels), so run_attention takes it
-// for grids of one wave only, where no CTA waits for the slot. `staging`:
-// kMergeStagingFloats<D> floats per warp, 16-byte aligned.
-template <int D>
-__device__ void merge_in_last_cta(const AttnArgs& a, int r, int h, int64_t len, float* staging, int warps) {
-  const int warp = static_cast<int>(threadIdx.x / 32);
-  const int n_chunks = static_cast<int>((len + a.split_tokens - 1) / a.split_tokens);
-  float lane_signs[D / 32];
-  if (a.v_signs != nullptr) load_lane_signs<D>(a.v_signs, lane_signs);  // in flight during the count
-  __shared__ int last_cta;
-  __syncthreads();  // every thread's partial stores precede thread 0's release
-  int* counter = a.merge_counters + static_cast<int64_t>(r) * a.num_kv_heads + h;
-  if (threadIdx.x == 0) {
-    last_cta = cuda::atomic_add_acq_rel_gpu(counter, 1) == n_chunks - 1;
-    if (last_cta) *counter = 0;  // every chunk of the row has counted: zero for the next call
-  }
-  __syncthreads();
-  if (!last_cta) return;
-  float* mine = staging + warp * kMergeStagingFloats<D>;
-  auto so = reinterpret_cast<float (*)[D]>(mine);
-  float* sl = mine + kMergeUnroll * D;
-  for (int head = warp; head < a.group; head += warps) {
-    if (a.v_signs != nullptr)
-      merge_head_warp<D, true>(a, r, h * a.group + head, n_chunks, so, sl, lane_signs, a.out, a.out16);
-    else
-      merge_head_warp<D, false>(a, r, h * a.group + head, n_chunks, so, sl, lane_signs, a.out, a.out16);
-  }
-}
-
 template <int KF, int VF, bool kWide, int D>
 __global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32, TileLayout<KF, VF, kWide, D>::kCtasPerSm)
     attend_kernel(AttnArgs a) {
@@ -963,36 +861,35 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32, Til
     *reinterpret_cast<float2*>(base + (2 * c + 1) * kMergeRow<D> + x) = make_float2(o[mt][1], o[mt][3]);
   }
   __syncthreads();
-  // Per head (one warp each, lane w holding warp w's state): the maximum of
-  // the warps' running maxima, each warp's weight exp2(m_w - M) in place of
-  // m_w (-1 for a warp without tiles), the total in place of warp 0's l, and
-  // the chunk's log-sum-exp. Every output element then needs only its warps'
-  // weighted sum: computed per element, the maximum and the weights made
-  // this merge 1.4-1.9 us of a batch-1 step's attention (per-CTA timer
-  // stamps), and with one thread per head walking the warps one after
-  // another they were still a serial chain of kWarps exp2s and shared loads.
+  // Per head (one thread each): the maximum of the warps' running maxima,
+  // each warp's weight exp2(m_w - M) in place of m_w (-1 for a warp without
+  // tiles), the total in place of warp 0's l, and the chunk's log-sum-exp.
+  // Every output element then needs only its warps' weighted sum: computed
+  // per element, the maximum and the weights made this merge 1.4-1.9 us of
+  // a batch-1 step's attention (per-CTA timer stamps). Same
+  // arithmetic, same order: the same bits.
   const int64_t row_head0 = static_cast<int64_t>(r) * a.num_q_heads + h * a.group;
-  for (int head = warp; head < a.group; head += kWarps) {
-    const float mw = lane < kWarps ? mm[lane * 8 + head] : -INFINITY;
-    const float lw = lane < kWarps ? ml[lane * 8 + head] : 0.0f;
-    float M = mw;
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, off));
-    const bool has_tiles = mw != -INFINITY;  // false past the CTA's warps too
-    const float f = has_tiles ? exp2f(mw - M) : 0.0f;
-    float total = has_tiles ? f * lw : 0.0f;
-    // A butterfly: every lane ends with the same sum, in the same order each call.
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) total += __shfl_xor_sync(0xffffffffu, total, off);
-    if (lane < kWarps) mm[lane * 8 + head] = has_tiles ? f : -1.0f;
-    if (lane == 0) {
-      ml[head] = total;  // every lane has read its l
-      const float lse = M + log2f(total);
-      if (a.cluster_merge)
-        reinterpret_cast<float*>(stages + a.cluster_result_offset)[kDeviceMaxGroup * D + head] = lse;
-      else
-        a.part_lse[(row_head0 + head) * a.max_splits + split] = lse;
+  if (threadIdx.x < a.group) {
+    const int head = threadIdx.x;
+    float M = -INFINITY;
+    for (int w2 = 0; w2 < kWarps; ++w2) M = fmaxf(M, mm[w2 * 8 + head]);
+    float total = 0.0f;
+    for (int w2 = 0; w2 < kWarps; ++w2) {
+      const float mw = mm[w2 * 8 + head];
+      if (mw == -INFINITY) {  // a warp without tiles
+        mm[w2 * 8 + head] = -1.0f;
+        continue;
+      }
+      const float f = exp2f(mw - M);
+      total += f * ml[w2 * 8 + head];
+      mm[w2 * 8 + head] = f;
     }
+    ml[head] = total;
+    const float lse = M + log2f(total);
+    if (a.cluster_merge)
+      reinterpret_cast<float*>(stages + a.cluster_result_offset)[kDeviceMaxGroup * D + head] = lse;
+    else
+      a.part_lse[(row_head0 + head) * a.max_splits + split] = lse;
   }
   __syncthreads();
   for (int t = threadIdx.x; t < a.group * D; t += kThreads) {
@@ -1009,8 +906,6 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32, Til
   }
   if (a.cluster_merge)
     merge_in_cluster<D>(a, r, h, len, reinterpret_cast<float*>(stages + a.cluster_result_offset), kWarps);
-  else if (a.merge_counters != nullptr)  // the warps' outputs above are read: their room is free
-    merge_in_last_cta<D>(a, r, h, len, reinterpret_cast<float*>(stages), kWarps);
 }
 
 // The dense D x D products of the two small kernels (q @ M, o @ M^T) are
@@ -1075,8 +970,21 @@ __global__ void __launch_bounds__(kRotThreads<D>) rotate_queries_kernel(const fl
   }
 }
 
-// The merge kernel when V needs no dense un-rotation: one warp per query
-// head (merge_head_warp).
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem));
+}
+
+// The merge when V needs no dense un-rotation (V unrotated, or rotated by a
+// Hadamard transform: kHadamard, by its signs): one warp per query head.
+// Each block of kMergeUnroll chunks comes into the warp's shared memory by
+// cp.async, one round trip for all its loads: per-CTA timer stamps of a
+// batch-1 / 32k call had the kernel before this one (one CTA per (row, KV
+// head), global loads that ptxas interleaved with the sums waiting for
+// them) at ~3 us from its wait to its sums. Lane l merges coordinates
+// (D/32) l + k, then takes l + 32u, the layout of hadamard_unrotate_warp.
+// In place when part_out == out (one chunk): every load of a warp's head
+// precedes its stores. part_out is 16-byte aligned (run_attention).
 constexpr int kMergeWarps = 4;
 template <int D, bool kHadamard>
 __global__ void __launch_bounds__(32 * kMergeWarps) merge_heads_kernel(AttnArgs a, const float* signs, float* out,
@@ -1090,14 +998,48 @@ __global__ void __launch_bounds__(32 * kMergeWarps) merge_heads_kernel(AttnArgs 
   cuda::pdl_launch_dependents();
   __shared__ __align__(16) float staged_out[kMergeWarps][kMergeUnroll][D];
   __shared__ float staged_lse[kMergeWarps][kMergeUnroll];
-  const int warp = static_cast<int>(threadIdx.x / 32);
+  const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
   const int r = blockIdx.x, qh = blockIdx.y * kMergeWarps + warp;
   if (qh >= a.num_q_heads) return;
   int table_row;
   int64_t len;
   row_of(a, r, table_row, len);
   const int n_chunks = static_cast<int>((len + a.split_tokens - 1) / a.split_tokens);
-  merge_head_warp<D, kHadamard>(a, r, qh, n_chunks, staged_out[warp], staged_lse[warp], lane_signs, out, out16);
+  const int64_t head = static_cast<int64_t>(r) * a.num_q_heads + qh;
+  constexpr int kVec = D / 32;
+  float (*so)[D] = staged_out[warp];
+  float* sl = staged_lse[warp];
+  auto load_block = [&](int s0, float (&lse)[kMergeUnroll], float (&v)[kMergeUnroll][kVec]) {
+#pragma unroll
+    for (int u = 0; u < kMergeUnroll; ++u) {
+      const int64_t chunk = head * a.max_splits + min(s0 + u, n_chunks - 1);
+      if (4 * lane < D) cp_async16(&so[u][4 * lane], a.part_out + chunk * D + 4 * lane);
+      if (lane == u) cp_async4(&sl[u], a.part_lse + chunk);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncwarp();
+#pragma unroll
+    for (int u = 0; u < kMergeUnroll; ++u) {
+      lse[u] = sl[u];
+      load_consecutive<kVec>(&so[u][kVec * lane], v[u]);
+    }
+    __syncwarp();  // read before the next block's copies land
+  };
+  float merged[kVec];
+  merge_chunks<kVec>(n_chunks, load_block, merged);
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) so[0][kVec * lane + k] = merged[k];
+  __syncwarp();
+  float v[D / 32];
+#pragma unroll
+  for (int u = 0; u < D / 32; ++u) v[u] = so[0][lane + 32 * u];
+  if constexpr (kHadamard) hadamard_unrotate_warp<D>(v, lane_signs);
+#pragma unroll
+  for (int k = 0; k < D / 32; ++k) {
+    if (out16 != nullptr) out16[head * D + lane + 32 * k] = __float2half_rn(v[k]);
+    else out[head * D + lane + 32 * k] = v[k];
+  }
 }
 
 // The merge then out = o @ M^T for a Haar-rotated V (mt), one CTA per (row,
@@ -1171,12 +1113,7 @@ void launch_attend(const AttnArgs& a, dim3 grid, cudaStream_t stream) {
   const int merge_bytes = 4 * (L::kWarps * 8 * kMergeRow<D> + 2 * L::kWarps * 8);
   // With cluster_merge, the chunk's result after those (merge_in_cluster).
   const int cluster_bytes = a.cluster_merge ? 4 * kDeviceMaxGroup * (D + 1) : 0;
-  // With merge_counters, the last CTA's staging (merge_in_last_cta) where
-  // the warps' outputs were.
-  const int last_cta_bytes =
-      a.merge_counters != nullptr ? 4 * std::min(a.group, L::kWarps) * kMergeStagingFloats<D> : 0;
-  int smem = lut_bytes +
-             std::max({L::kWarps * L::kStages * L::kStageBytes, merge_bytes + cluster_bytes, last_cta_bytes});
+  int smem = lut_bytes + std::max(L::kWarps * L::kStages * L::kStageBytes, merge_bytes + cluster_bytes);
   AttnArgs args = a;
   args.cluster_result_offset = merge_bytes;
   if (a.q_signs != nullptr) {  // the rotated queries of the group after everything else
@@ -1430,14 +1367,6 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
                      ? out
                      : ws.partial_out(q_floats * static_cast<size_t>(max_splits));
     a.part_lse = ws.partial_lse(static_cast<size_t>(rows) * num_q_heads * max_splits);
-    // The merge in each row's last CTA when the grid is one wave (see
-    // merge_in_last_cta; a grid of several waves would hold every CTA's slot
-    // for the count's round trip while others wait for it): batch 1 at 32k
-    // and 128k, the rows too long for a cluster of their chunks.
-    const int ctas_per_sm = plan.wide ? 1 : 2;  // TileLayout::kCtasPerSm
-    if (options.merge_in_last_cta && !tiled && max_splits > 1 && (mt == nullptr || v_signs != nullptr) &&
-        int64_t{max_splits} * H * rows <= int64_t{ctas_per_sm} * sm_count())
-      a.merge_counters = ws.merge_counters(static_cast<size_t>(rows) * H, stream);
   }
   for (KvPart part : {KvPart::key, KvPart::value}) {
     const VectorQuantizer* vq = cache.quantizer(part);
@@ -1470,11 +1399,10 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
   }
   if (d == 64) {
     if (!tiled) dispatch<64>(fmt_of(cfg.k_format), fmt_of(cfg.v_format), plan.wide, a, grid, stream);
-    if (!a.cluster_merge && a.merge_counters == nullptr) launch_merge<64>(a, rows, mt, v_signs, out, out16, stream);
+    if (!a.cluster_merge) launch_merge<64>(a, rows, mt, v_signs, out, out16, stream);
   } else {
     if (!tiled) dispatch<128>(fmt_of(cfg.k_format), fmt_of(cfg.v_format), plan.wide, a, grid, stream);
-    if (!a.cluster_merge && a.merge_counters == nullptr)
-      launch_merge<128>(a, rows, mt, v_signs, out, out16, stream);
+    if (!a.cluster_merge) launch_merge<128>(a, rows, mt, v_signs, out, out16, stream);
   }
 }
 

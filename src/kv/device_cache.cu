@@ -219,13 +219,6 @@ float* grow(Buffer& b, size_t floats) {
 float* AttentionWorkspace::q_rotated(size_t floats) { return grow(q_, floats); }
 float* AttentionWorkspace::partial_out(size_t floats) { return grow(out_, floats); }
 float* AttentionWorkspace::partial_lse(size_t floats) { return grow(lse_, floats); }
-int* AttentionWorkspace::merge_counters(size_t count, cudaStream_t stream) {
-  if (counters_.size() < count * 4) {
-    counters_ = Buffer(std::max<size_t>(count * 4, 256), Device::cuda);
-    LOWBIT_CUDA_CHECK(cudaMemsetAsync(counters_.data(), 0, counters_.size(), stream));
-  }
-  return counters_.as<int>();
-}
 
 // ------------------------------------------------------------ write kernel --
 

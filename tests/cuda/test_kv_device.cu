@@ -334,18 +334,16 @@ void check_decode(KvFormat kf, KvFormat vf, int page_size, const std::vector<int
   const std::vector<float> got = from_device(out, q.size());
   EXPECT_TRUE(close_to_reference(got, ref));
   // Rows of up to 8 chunks are merged inside a cluster of their CTAs
-  // (DeviceDecodeOptions::cluster_merge, sm_90), rows of more on a grid of
-  // one wave by their last CTA (merge_in_last_cta): the merge kernel's bits.
+  // (DeviceDecodeOptions::cluster_merge, sm_90): the merge kernel's bits.
   {
     Buffer out_kernel = poisoned_output(q.size());
     DeviceDecodeOptions ok = o;
     ok.cluster_merge = false;
-    ok.merge_in_last_cta = false;
     device_decode_attention(dev, kTestLayer, tables, q_heads, qd.as<float>(), out_kernel.as<float>(), ws, ok);
     LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
     const std::vector<float> merged_by_kernel = from_device(out_kernel, q.size());
     EXPECT_EQ(std::memcmp(merged_by_kernel.data(), got.data(), got.size() * 4), 0)
-        << "the cluster merge or the last CTA's gives other bits than the merge kernel";
+        << "the cluster merge gives other bits than the merge kernel";
   }
   // The fp16 output option: the same fp32 results, each rounded once.
   Buffer out16(q.size() * 2, Device::cuda);
@@ -608,78 +606,6 @@ TEST(KvDevice, DecodeRepeatedCallsGiveTheSameBits) {
   device_decode_attention(dev, kTestLayer, tables2, 40, qd2.as<float>(), out2.as<float>(), ws, o);
   LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
   EXPECT_TRUE(close_to_reference(from_device(out2, q2.size()), ref2));
-}
-
-// DeviceDecodeOptions::merge_in_last_cta: rows of more chunks than a
-// cluster takes (or with cluster_merge off), on a grid of one wave, merged by
-// the last CTA of each (row, KV head) to store its partial. Against the merge
-// kernel: the same bits, call after call with one workspace shared by every
-// case (each call must leave its counters zero for the next, whose rows and
-// KV heads differ), for Hadamard-rotated and unrotated V, both head
-// dimensions and CTA layouts, a group of 8 heads (the most staging the last
-// CTA needs), fp16 output, and rows of more than one block of 16 chunks. The
-// grids have at most 114 CTAs, one wave on any GPU of 64 SMs or more.
-TEST(KvDevice, DecodeMergeInLastCtaGivesTheMergeKernelsBits) {
-  LOWBIT_REQUIRE_GPU();
-  struct Case {
-    KvFormat kf, vf;
-    int head_dim, q_heads, kv_heads, cta_warps;
-    RotationKind rotation;
-    std::vector<int64_t> lens;
-  };
-  const Case cases[] = {
-      {KvFormat::tq4, KvFormat::tq4, 128, 10, 2, 16, RotationKind::hadamard, {300}},          // 19 chunks: 2 blocks
-      {KvFormat::tq4, KvFormat::tq4, 128, 10, 2, 8, RotationKind::hadamard, {300, 45, 1}},    // one-chunk rows too
-      {KvFormat::tq4, KvFormat::tq4, 128, 16, 2, 8, RotationKind::hadamard, {250, 17}},       // group 8
-      {KvFormat::fp16, KvFormat::tq3, 64, 9, 3, 0, RotationKind::hadamard, {200, 33}},        // 4-warp CTAs, d = 64
-      {KvFormat::tq2, KvFormat::fp16, 128, 40, 8, 0, RotationKind::haar, {150}},              // V not rotated
-  };
-  AttentionWorkspace ws;
-  for (const Case& k : cases) {
-    SCOPED_TRACE(name(k.kf, k.vf) + " d=" + std::to_string(k.head_dim) + " heads " + std::to_string(k.q_heads) + "/" +
-                 std::to_string(k.kv_heads) + " cta_warps=" + std::to_string(k.cta_warps) + " rows " +
-                 std::to_string(k.lens.size()));
-    const KvCacheConfig c = make_config(k.kf, k.vf, 16, pages_for(k.lens, 16), k.kv_heads, ScaleDType::f16,
-                                        k.rotation, k.head_dim);
-    HostBatch hb(c, k.lens, DataKind::gaussian, 23);
-    DeviceKvCache dev(c);
-    dev.upload(hb.cache);
-    const DeviceBlockTables tables = DeviceBlockTables::from_cache(hb.cache, hb.seqs);
-    const int rows = static_cast<int>(k.lens.size());
-    const std::vector<float> q = kvtest::random_rows(rows, k.q_heads, k.head_dim, 77, DataKind::gaussian, false);
-    std::vector<float> ref(q.size());
-    paged_decode_attention_ref(hb.cache, kTestLayer, hb.seqs, k.q_heads, q, ref);
-    const Buffer qd = to_device(q);
-    DeviceDecodeOptions o;
-    o.split_tokens = 16;
-    o.cta_warps = k.cta_warps;
-    o.cluster_merge = false;
-    auto run = [&](bool last_cta) {
-      DeviceDecodeOptions opt = o;
-      opt.merge_in_last_cta = last_cta;
-      Buffer out = poisoned_output(q.size());
-      device_decode_attention(dev, kTestLayer, tables, k.q_heads, qd.as<float>(), out.as<float>(), ws, opt);
-      LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
-      return from_device(out, q.size());
-    };
-    const std::vector<float> by_kernel = run(false);
-    EXPECT_TRUE(close_to_reference(by_kernel, ref));
-    for (int call = 0; call < 3; ++call)
-      EXPECT_EQ(std::memcmp(run(true).data(), by_kernel.data(), q.size() * 4), 0)
-          << "call " << call << ": the last CTA's merge gives other bits than the merge kernel";
-    // fp16 output: the fp32 result rounded once.
-    Buffer out16(q.size() * 2, Device::cuda);
-    LOWBIT_CUDA_CHECK(cudaMemset(out16.data(), 0xFF, out16.size()));  // NaN
-    DeviceDecodeOptions o16 = o;
-    o16.out_f16 = out16.data();
-    device_decode_attention(dev, kTestLayer, tables, k.q_heads, qd.as<float>(), nullptr, ws, o16);
-    LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<uint16_t> bits(q.size());
-    Buffer::copy(bits.data(), Device::cpu, out16.data(), Device::cuda, out16.size());
-    size_t mismatches = 0;
-    for (size_t i = 0; i < bits.size(); ++i) mismatches += bits[i] != float_to_f16(by_kernel[i]).bits;
-    EXPECT_EQ(mismatches, 0u) << "fp16 output of the last CTA's merge";
-  }
 }
 
 // Device write + device decode against the CPU reference of the host-written

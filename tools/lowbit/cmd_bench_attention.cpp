@@ -55,9 +55,6 @@ void add_bench_attention_command(CLI::App& bench) {
   cmd->add_flag("!--no-cluster-merge", options.cluster_merge,
                 "Merge the KV chunks with the merge kernel even where a cluster of the attention's CTAs could\n"
                 "(rows of at most 8 chunks)");
-  cmd->add_flag("!--no-last-cta-merge", options.merge_in_last_cta,
-                "Merge the KV chunks with the merge kernel even where the last CTA of each (row, KV head) could\n"
-                "(rows of more chunks than a cluster takes, on a grid of one wave)");
   cmd->add_option("--json", options.json_path, "Write one JSON row per measurement to this file");
   add_l2_flush_option(*cmd, options.flush_by_reading);
   cmd->callback([] {

@@ -24,7 +24,6 @@ struct KvAttentionBenchOptions {
   bool flush_by_reading = false;   // L2 eviction: false writes a buffer (as the SDPA anchors), true reads one
   bool hadamard = true;            // the tq4 cache's rotation: randomized Hadamard (the engine's default) or Haar
   bool cluster_merge = true;       // DeviceDecodeOptions::cluster_merge (false: the merge kernel always)
-  bool merge_in_last_cta = true;   // DeviceDecodeOptions::merge_in_last_cta (false: the merge kernel)
   // Also time, per point, a kernel that only reads the tq4 cache's bytes
   // (row "read_floor"): the ceiling of any tq4 decode kernel under this timer.
   bool read_floor = false;

@@ -144,13 +144,9 @@ class AttentionWorkspace {
   float* q_rotated(size_t floats);
   float* partial_out(size_t floats);
   float* partial_lse(size_t floats);
-  // One counter per (row, KV head) for the merge in the last CTA
-  // (DeviceDecodeOptions::merge_in_last_cta): zero when handed out. A new
-  // buffer is cleared on `stream`; every call leaves its counters zero.
-  int* merge_counters(size_t count, cudaStream_t stream);
 
  private:
-  Buffer q_, out_, lse_, counters_;
+  Buffer q_, out_, lse_;
 };
 
 struct DeviceDecodeOptions {
@@ -194,13 +190,6 @@ struct DeviceDecodeOptions {
   // decode step's critical path. False: always the merge kernel (tests,
   // benchmarks).
   bool cluster_merge = true;
-  // When the chunks are not merged in a cluster, V is not Haar-rotated and
-  // every CTA of the call is resident at once (one wave), the last CTA of
-  // each (row, KV head) to finish merges the row's chunks from the partials,
-  // with the merge kernel's arithmetic (the same bits), instead of that
-  // kernel: no wait for the whole grid before the merge. False: the merge
-  // kernel (tests, benchmarks).
-  bool merge_in_last_cta = true;
   // Prefill only: the tiled kernel, which decodes each key tile once per
   // block of query tokens (src/kv/prefill_attention.cu). False: the decode
   // kernel with one row per query token (the earlier path; tests and
