@@ -193,17 +193,29 @@ void run_kv_attention_benchmark(const KvAttentionBenchOptions& options) {
         const Buffer q = random_floats(static_cast<size_t>(batch) * kQHeads * kHeadDim, 3);
         Buffer out(static_cast<size_t>(batch) * kQHeads * kHeadDim * 4, Device::cuda);
         kv::AttentionWorkspace ws;
-        const int64_t auto_split = kv::decode_split_tokens(config, batch, context, dev.sm_count);
-        // The chosen chunk length first, then each --split-tokens value (rows
-        // marked split_forced; the summary table uses the chosen one).
-        std::vector<int64_t> splits = {0};
-        for (int64_t s : options.split_tokens)
-          if (s != auto_split) splits.push_back(s);
-        for (const int64_t forced : splits) {
+        // The chosen CTA layout first, then each --cta-warps one (packed K/V
+        // only; rows marked cta_warps_forced); in each, the chosen chunk
+        // length first, then each --split-tokens value (rows marked
+        // split_forced). The summary table uses the chosen ones.
+        struct Run {
+          int forced_warps;
+          int64_t forced, split;  // the forced chunk length (0: none) and the one used
+        };
+        std::vector<Run> runs;
+        std::vector<int> layouts = {0};
+        if (format != kv::KvFormat::fp16)
+          layouts.insert(layouts.end(), options.cta_warps.begin(), options.cta_warps.end());
+        for (const int w : layouts) {
+          const int64_t auto_split = kv::decode_split_tokens(config, batch, context, dev.sm_count, w);
+          runs.push_back({w, 0, auto_split});
           // A forced chunk longer than the row is the whole row (as the kernel clamps it).
-          const int64_t split = forced > 0 ? std::min(forced, (context + 15) / 16 * 16) : auto_split;
+          for (int64_t s : options.split_tokens)
+            if (s != auto_split) runs.push_back({w, s, std::min(s, (context + 15) / 16 * 16)});
+        }
+        for (const auto& [forced_warps, forced, split] : runs) {
           kv::DeviceDecodeOptions decode;
           decode.split_tokens = forced;
+          decode.cta_warps = forced_warps;
           decode.cluster_merge = options.cluster_merge;
           bench::BenchRow row;
           row.suite = "kv_decode_attention";
@@ -223,16 +235,19 @@ void run_kv_attention_benchmark(const KvAttentionBenchOptions& options) {
           row.extra = {{"kv_bytes_per_token", kKvHeads * 2 * vec_bytes},
                        {"split_tokens", split},
                        {"split_forced", forced > 0},
+                       {"cta_warps_forced", forced_warps},
                        {"sdpa_fp16_anchor_us", sdpa},
                        {"speedup_vs_sdpa", sdpa > 0 ? sdpa / row.stats.median_us : 0.0},
                        {"copy_GBps", copy_GBps},
                        {"l2_flush", options.flush_by_reading ? "read" : "write"}};
           if (json) json->write(row);
-          if (forced == 0) results[{batch, context}][impl] = Point{row.stats.median_us, row.GBps()};
-          std::printf("batch %2d context %6lld %-18s %9.1f us  %6.0f GB/s (%4.1f%% of copy)  split %lld%s  %s\n", batch,
-                      static_cast<long long>(context), impl, row.stats.median_us, row.GBps(),
+          if (forced == 0 && forced_warps == 0)
+            results[{batch, context}][impl] = Point{row.stats.median_us, row.GBps()};
+          const std::string layout = forced_warps > 0 ? ", " + std::to_string(forced_warps) + " warps (forced)" : "";
+          std::printf("batch %2d context %6lld %-18s %9.1f us  %6.0f GB/s (%4.1f%% of copy)  split %lld%s%s  %s\n",
+                      batch, static_cast<long long>(context), impl, row.stats.median_us, row.GBps(),
                       100.0 * row.GBps() / copy_GBps, static_cast<long long>(split), forced > 0 ? " (forced)" : "",
-                      sdpa > 0 ? ("SDPA " + std::to_string(sdpa) + " us").c_str() : "");
+                      layout.c_str(), sdpa > 0 ? ("SDPA " + std::to_string(sdpa) + " us").c_str() : "");
           std::fflush(stdout);
         }
         if (options.read_floor && format == kv::KvFormat::tq4) {

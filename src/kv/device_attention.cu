@@ -1412,8 +1412,10 @@ float decode_query_scale(const KvCacheConfig& config, const DeviceDecodeOptions&
   return softmax_scale_of(config, options) * kLog2e;
 }
 
-int64_t decode_split_tokens(const KvCacheConfig& config, int rows, int64_t max_length, int sm_count) {
-  return plan_decode(config, rows, max_length, sm_count, 0).split_tokens;
+int64_t decode_split_tokens(const KvCacheConfig& config, int rows, int64_t max_length, int sm_count,
+                            int cta_warps) {
+  LOWBIT_CHECK_ARG(cta_warps == 0 || cta_warps == 8 || cta_warps == 16, "cta_warps", cta_warps, "0 (chosen), 8 or 16");
+  return plan_decode(config, rows, max_length, sm_count, cta_warps).split_tokens;
 }
 
 void device_decode_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTables& tables, int num_q_heads,

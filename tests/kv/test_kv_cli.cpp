@@ -100,7 +100,8 @@ TEST_F(KvCli, UsageErrorsExitTwoLibraryErrorsExitOne) {
 TEST_F(KvCli, BenchAttentionRejectsBadOptions) {
   for (const char* args : {"bench attention --batch 0", "bench attention --context -5",
                            "bench attention --page-size 300", "bench attention --prefill-tokens 70000",
-                           "bench attention --reps 0", "bench attention --l2-flush sideways"}) {
+                           "bench attention --reps 0", "bench attention --l2-flush sideways",
+                           "bench attention --cta-warps 12"}) {
     const RunResult r = run_lowbit(args);
     EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.output;
   }
@@ -111,7 +112,8 @@ TEST_F(KvCli, BenchAttentionRejectsBadOptions) {
       << page.output;
   const RunResult help = run_lowbit("bench attention --help");
   EXPECT_EQ(help.exit_code, 0) << help.output;
-  for (const char* needle : {"--batch", "--context", "--page-size", "--prefill-tokens", "--json", "SDPA", "--l2-flush"})
+  for (const char* needle :
+       {"--batch", "--context", "--page-size", "--prefill-tokens", "--json", "SDPA", "--l2-flush", "--cta-warps"})
     EXPECT_NE(help.output.find(needle), std::string::npos) << needle << "\n" << help.output;
 }
 

@@ -41,6 +41,12 @@ void add_bench_attention_command(CLI::App& bench) {
                   "are marked split_forced")
       ->delimiter(',')
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--cta-warps", options.cta_warps,
+                  "CTA layouts of the tq4 decode kernel (8 or 16 warps per CTA, comma-separated) to time besides\n"
+                  "the one chosen by the work per call, each with its own chunk length and every --split-tokens\n"
+                  "value; their rows are marked cta_warps_forced")
+      ->delimiter(',')
+      ->check(CLI::IsMember({8, 16}));
   static std::string rotation = "hadamard";
   cmd->add_option("--rotation", rotation,
                   "Rotation of the tq4 cache: hadamard (the signs and a fast Walsh-Hadamard transform, done inside\n"

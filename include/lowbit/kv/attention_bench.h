@@ -21,6 +21,10 @@ struct KvAttentionBenchOptions {
   int64_t prefill_tokens = 32768;  // the prefill whose K/V quantization is timed; 0 skips it
   int prefill_reps = 3;            // timed calls of each prefill kernel (the per-token one: ~0.2 s at 32k)
   std::vector<int64_t> split_tokens;  // chunk lengths timed besides the chosen one (multiples of 16)
+  // CTA layouts of the packed (tq4) decode kernel, 8 or 16 warps
+  // (DeviceDecodeOptions::cta_warps), timed besides the chosen one, each with
+  // the chunk length chosen for it and with every split_tokens value.
+  std::vector<int> cta_warps;
   bool flush_by_reading = false;   // L2 eviction: false writes a buffer (as the SDPA anchors), true reads one
   bool hadamard = true;            // the tq4 cache's rotation: randomized Hadamard (the engine's default) or Haar
   bool cluster_merge = true;       // DeviceDecodeOptions::cluster_merge (false: the merge kernel always)

@@ -211,7 +211,9 @@ float decode_query_scale(const KvCacheConfig& config, const DeviceDecodeOptions&
 // SMs; a chunk longer than a page is a whole number of pages. CTAs have 4
 // warps when K or V is fp16; for packed K and V, 16 when the call's work
 // fills every SM and rows are at most 32k tokens, else 8.
-int64_t decode_split_tokens(const KvCacheConfig& config, int rows, int64_t max_length, int sm_count);
+// cta_warps: as DeviceDecodeOptions::cta_warps (0: the layout chosen as above).
+int64_t decode_split_tokens(const KvCacheConfig& config, int rows, int64_t max_length, int sm_count,
+                            int cta_warps = 0);
 
 // Decode attention (attention_ref.h's paged_decode_attention_ref): q, out
 // [rows][num_q_heads][head_dim] fp32 on the device. Every row's length >= 1.
