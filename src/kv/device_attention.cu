@@ -68,7 +68,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <mutex>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "lowbit/core/error.h"
@@ -1105,28 +1108,73 @@ int fmt_of(KvFormat f) {
   return kFp16;
 }
 
+// The shared memory of an attend_kernel launch and the arguments with its
+// offsets filled in.
+struct AttendLaunch {
+  AttnArgs args;
+  int smem;
+};
+
 template <int KF, int VF, bool kWide, int D>
-void launch_attend(const AttnArgs& a, dim3 grid, cudaStream_t stream) {
+AttendLaunch attend_launch(const AttnArgs& a) {
   using L = TileLayout<KF, VF, kWide, D>;
   const int lut_bytes = 4 * L::kRowWords * (lut_entries(KF) + (VF == KF ? 0 : lut_entries(VF)));
   // The epilogue's region: the warps' outputs, then their m and l.
   const int merge_bytes = 4 * (L::kWarps * 8 * kMergeRow<D> + 2 * L::kWarps * 8);
   // With cluster_merge, the chunk's result after those (merge_in_cluster).
   const int cluster_bytes = a.cluster_merge ? 4 * kDeviceMaxGroup * (D + 1) : 0;
-  int smem = lut_bytes + std::max(L::kWarps * L::kStages * L::kStageBytes, merge_bytes + cluster_bytes);
-  AttnArgs args = a;
-  args.cluster_result_offset = merge_bytes;
+  AttendLaunch l{a, lut_bytes + std::max(L::kWarps * L::kStages * L::kStageBytes, merge_bytes + cluster_bytes)};
+  l.args.cluster_result_offset = merge_bytes;
   if (a.q_signs != nullptr) {  // the rotated queries of the group after everything else
-    args.q_stage_offset = smem;
-    smem += 4 * kDeviceMaxGroup * D;
+    l.args.q_stage_offset = l.smem;
+    l.smem += 4 * kDeviceMaxGroup * D;
   }
   if (a.append_k != nullptr) {  // the appending warps' indices (append_warp.cuh) after those
-    args.append_scratch_offset = smem;
-    smem += 2 * D;
+    l.args.append_scratch_offset = l.smem;
+    l.smem += 2 * D;
   }
-  cuda::ensure_dynamic_smem(attend_kernel<KF, VF, kWide, D>, smem);
+  return l;
+}
+
+template <int KF, int VF, bool kWide, int D>
+void launch_attend(const AttnArgs& a, dim3 grid, cudaStream_t stream) {
+  using L = TileLayout<KF, VF, kWide, D>;
+  const AttendLaunch l = attend_launch<KF, VF, kWide, D>(a);
+  cuda::ensure_dynamic_smem(attend_kernel<KF, VF, kWide, D>, l.smem);
   cuda::launch_with_pdl_in_clusters(attend_kernel<KF, VF, kWide, D>, a.cluster_merge ? static_cast<int>(grid.x) : 0,
-                                    grid, dim3(32 * L::kWarps), static_cast<size_t>(smem), stream, args);
+                                    grid, dim3(32 * L::kWarps), static_cast<size_t>(l.smem), stream, l.args);
+}
+
+// How many clusters of `cluster` CTAs of this instance, launched with
+// cluster_merge as `a` asks, the current device holds at once
+// (cudaOccupancyMaxActiveClusters; cached per device, cluster size and shared
+// memory: the engine plans a call per layer and step).
+template <int KF, int VF, bool kWide, int D>
+int attend_clusters_resident(const AttnArgs& a, int cluster) {
+  using L = TileLayout<KF, VF, kWide, D>;
+  const AttendLaunch l = attend_launch<KF, VF, kWide, D>(a);
+  int device = 0;
+  LOWBIT_CUDA_CHECK(cudaGetDevice(&device));
+  static std::mutex mutex;
+  static std::map<std::tuple<int, int, int>, int> cache;
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_tuple(device, cluster, l.smem);
+  if (const auto it = cache.find(key); it != cache.end()) return it->second;
+  cuda::ensure_dynamic_smem(attend_kernel<KF, VF, kWide, D>, l.smem);
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(cluster));
+  config.blockDim = dim3(32 * L::kWarps);
+  config.dynamicSmemBytes = static_cast<size_t>(l.smem);
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = static_cast<unsigned>(cluster);
+  attribute.val.clusterDim.y = attribute.val.clusterDim.z = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  int clusters = 0;
+  LOWBIT_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, attend_kernel<KF, VF, kWide, D>, &config));
+  cache.emplace(key, clusters);
+  return clusters;
 }
 
 // The wide layout is built for d = 128 only (plan_decode never picks it at
@@ -1165,6 +1213,40 @@ void dispatch(int kf, int vf, bool wide, const AttnArgs& a, dim3 grid, cudaStrea
       return dispatch_v<kTq2, D>(vf, wide, a, grid, stream);
     default:
       return dispatch_v<kFp16, D>(vf, wide, a, grid, stream);
+  }
+}
+
+// f.template operator()<KF, VF, kWide>() for the attend_kernel instance of
+// these formats and layout (the instances dispatch() launches).
+template <int D, typename F>
+int with_attend_instance(int kf, int vf, bool wide, F&& f) {
+  auto for_v = [&]<int KF>() {
+    auto for_layout = [&]<int VF>() {
+      if constexpr (D == 128 && packed_pair(KF, VF, D)) {
+        if (wide) return f.template operator()<KF, VF, true>();
+      }
+      return f.template operator()<KF, VF, false>();
+    };
+    switch (vf) {
+      case kTq4:
+        return for_layout.template operator()<kTq4>();
+      case kTq3:
+        return for_layout.template operator()<kTq3>();
+      case kTq2:
+        return for_layout.template operator()<kTq2>();
+      default:
+        return for_layout.template operator()<kFp16>();
+    }
+  };
+  switch (kf) {
+    case kTq4:
+      return for_v.template operator()<kTq4>();
+    case kTq3:
+      return for_v.template operator()<kTq3>();
+    case kTq2:
+      return for_v.template operator()<kTq2>();
+    default:
+      return for_v.template operator()<kFp16>();
   }
 }
 
@@ -1211,21 +1293,32 @@ DecodePlan plan_decode(const KvCacheConfig& config, int rows, int64_t max_length
   const int64_t pairs = int64_t{rows} * config.num_kv_heads;
   const int64_t tiles = (std::max<int64_t>(max_length, 1) + kTile - 1) / kTile;
   // The wide layout when every (row, KV head) can have a CTA of its own on
-  // one wave of SMs, each SM gets at least 4 tiles per warp of it, and the
-  // rows are at most 32k tokens long: measured, it won at 32k (batch 1 and
-  // 8) and lost at 128k (batch 1 88.5 against 80.1 us, batch 8 529 against
-  // 465 us), where one CTA per SM leaves the long chunks' uneven progress
-  // across SMs uncovered.
+  // one wave of SMs (its chunks then fill that wave, below) and the call has
+  // work for it: rows * KV heads * tiles of at least 16 per SM, and rows of
+  // at least 2048 tokens unless the pairs fill more than half the SMs. A
+  // sweep of `bench attention --cta-warps 8,16` over batch 1-16 and 1k-128k
+  // tokens on an H100 (docs/kv-cache.md, v21): wide won or tied at every
+  // point this picks (batch 1 / 16k 21.2 against 23.5 us, batch 8 / 2k 20.5
+  // against 23.4, batch 8 / 128k 392.0 against 453.1, batch 16 / 1k 20.5
+  // against 22.0) and lost at those it leaves (batch 8 / 1k 18.6 against
+  // 16.5: its 64 CTAs of a whole row each). Until v20 the rows were also
+  // limited to 32k tokens: at 128k the wide layout's chunks ran in two
+  // waves (see the cap below), which is what lost there.
   const int d = config.head_dim;
   if (packed_pair(kf, vf, d) && d == 128)
-    plan.wide = forced_warps == 16 ||
-                (forced_warps == 0 && pairs <= sms && pairs * tiles >= 64 * sms && tiles <= 2048);
+    plan.wide = forced_warps == 16 || (forced_warps == 0 && pairs <= sms && pairs * tiles >= 16 * sms &&
+                                       (tiles >= 2048 / kTile || 2 * pairs > sms));
   const int warps = warps_per_cta(kf, vf, plan.wide, d);
   const int64_t slots = (warps == 8 ? 2 : 1) * sms;
   const int64_t tiles_per_page = std::max(config.page_size / kTile, 1);
   constexpr int64_t kFixedTiles = 4;
-  const int64_t max_splits =
-      std::max<int64_t>({1, tiles / (4 * int64_t{warps}), sms / 2 / pairs});
+  int64_t max_splits = std::max<int64_t>({1, tiles / (4 * int64_t{warps}), sms / 2 / pairs});
+  // 16-warp CTAs hold an SM each: their grid is one wave. A second one pays
+  // every CTA's fixed cost twice and waits for the first wave's slowest SM
+  // (batch 1 / 128k, 16 warps: 32 chunks of 4096 tokens in two waves 75.6
+  // us, 16 chunks of 8192 in one 71.0 us; the cost below counted the two
+  // full waves as cheaper).
+  if (plan.wide) max_splits = std::min<int64_t>(max_splits, std::max<int64_t>(1, slots / pairs));
   int64_t best_splits = 1, best_cost = -1;
   for (int64_t s = 1; s <= std::min<int64_t>({tiles, max_splits, 4096}); ++s) {
     const int64_t per_cta = (tiles + s - 1) / s;
@@ -1356,6 +1449,23 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
   // kernel from partials in global memory.
   a.cluster_merge = !tiled && options.cluster_merge && max_splits <= kMaxClusterChunks &&
                     (mt == nullptr || v_signs != nullptr) && clusters_available();
+  // A cluster is placed whole, inside one GPC. When the call's clusters do
+  // not all fit at once, those left over wait for a second wave: on an H100,
+  // 15 clusters of 8 one-SM CTAs fit, and batch 2 / 16k (16 of them) took
+  // 44.0 us against 30.0 us with no cluster. Those calls take the merge
+  // kernel.
+  if (a.cluster_merge && max_splits > 1) {
+    const int kf = fmt_of(cfg.k_format), vf = fmt_of(cfg.v_format);
+    const int clusters =
+        d == 64 ? with_attend_instance<64>(kf, vf, plan.wide,
+                                           [&]<int KF, int VF, bool kWide>() {
+                                             return attend_clusters_resident<KF, VF, kWide, 64>(a, max_splits);
+                                           })
+                : with_attend_instance<128>(kf, vf, plan.wide, [&]<int KF, int VF, bool kWide>() {
+                    return attend_clusters_resident<KF, VF, kWide, 128>(a, max_splits);
+                  });
+    if (int64_t{rows} * H > clusters) a.cluster_merge = false;
+  }
   a.out = out;
   a.out16 = out16;
   a.v_signs = v_signs;

@@ -556,6 +556,16 @@ TEST(KvDevice, DecodeGqaShapesScalesAndOutliers) {
   check_decode(KvFormat::tq4, KvFormat::tq4, 16, {33, 400}, 40, 8, 0, DataKind::outliers, ScaleDType::f32, 16);
 }
 
+// More clusters than fit at once: 24 clusters of 8 one-SM CTAs (16 warps
+// forced), where an H100 holds 15. run_attention then merges with the merge
+// kernel instead of leaving 9 clusters for a second wave; check_decode
+// compares the bits with the merge kernel's either way.
+TEST(KvDevice, DecodeMoreClustersThanFitAtOnce) {
+  LOWBIT_REQUIRE_GPU();
+  check_decode(KvFormat::tq4, KvFormat::tq4, 128, {2048, 2048, 1500}, 40, 8, 256, DataKind::gaussian,
+               ScaleDType::f16, 16, 128, 0, RotationKind::hadamard);
+}
+
 TEST(KvDevice, DecodeManyMixedSequences) {
   LOWBIT_REQUIRE_GPU();
   std::vector<int64_t> lens;
@@ -740,7 +750,10 @@ TEST(KvDevice, SplitHeuristicPicksWholePagesAndEnoughWorkPerCta) {
   EXPECT_EQ(split(KvFormat::tq4, 8, 4096), 2048);
   EXPECT_EQ(split(KvFormat::tq4, 8, 32768), 16384);
   EXPECT_EQ(split(KvFormat::tq4, 32, 32768), 32768);  // 256 pairs: 8-warp CTAs, one chunk each
-  EXPECT_EQ(split(KvFormat::tq4, 1, 131072), 4096);   // past 32k: 8-warp CTAs again
+  EXPECT_EQ(split(KvFormat::tq4, 1, 131072), 8192);   // 16-warp CTAs in one wave: 16 chunks, not 32 in two
+  EXPECT_EQ(split(KvFormat::tq4, 8, 131072), 65536);
+  EXPECT_EQ(split(KvFormat::tq4, 16, 1024), 1024);    // 16-warp CTAs: 128 pairs fill the SMs
+  EXPECT_EQ(split(KvFormat::tq4, 8, 1024), 512);      // 8-warp CTAs: 64 pairs of 1k rows
   EXPECT_EQ(split(KvFormat::fp16, 1, 1024), 128);
   EXPECT_EQ(split(KvFormat::fp16, 1, 4096), 256);
   EXPECT_EQ(split(KvFormat::fp16, 1, 32768), 2048);
