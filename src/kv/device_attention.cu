@@ -1177,77 +1177,43 @@ int attend_clusters_resident(const AttnArgs& a, int cluster) {
   return clusters;
 }
 
-// The wide layout is built for d = 128 only (plan_decode never picks it at
-// d = 64): it pays on long streams of Qwen3-sized heads, and each layout is
-// 16 more kernels to compile.
-template <int KF, int VF, int D>
-void launch_layout(bool wide, const AttnArgs& a, dim3 grid, cudaStream_t stream) {
-  if constexpr (D == 128 && packed_pair(KF, VF, D)) {
-    if (wide) return launch_attend<KF, VF, true, D>(a, grid, stream);
-  }
-  launch_attend<KF, VF, false, D>(a, grid, stream);
-}
-
-template <int KF, int D>
-void dispatch_v(int vf, bool wide, const AttnArgs& a, dim3 grid, cudaStream_t stream) {
-  switch (vf) {
+// with_attend_instance: f.template operator()<KF, VF, kWide>() for the
+// attend_kernel instance of these formats and layout (with_format: g's
+// instance for one row format). The launches (dispatch) and the cluster
+// occupancy queries (run_attention) take the same instances. The wide layout
+// is built for d = 128 only (plan_decode never picks it at d = 64): it pays
+// on long streams of Qwen3-sized heads, and each layout is 16 more kernels
+// to compile.
+template <typename G>
+decltype(auto) with_format(int f, G&& g) {
+  switch (f) {
     case kTq4:
-      return launch_layout<KF, kTq4, D>(wide, a, grid, stream);
+      return g.template operator()<kTq4>();
     case kTq3:
-      return launch_layout<KF, kTq3, D>(wide, a, grid, stream);
+      return g.template operator()<kTq3>();
     case kTq2:
-      return launch_layout<KF, kTq2, D>(wide, a, grid, stream);
+      return g.template operator()<kTq2>();
     default:
-      return launch_layout<KF, kFp16, D>(wide, a, grid, stream);
+      return g.template operator()<kFp16>();
   }
 }
 
-template <int D>
-void dispatch(int kf, int vf, bool wide, const AttnArgs& a, dim3 grid, cudaStream_t stream) {
-  switch (kf) {
-    case kTq4:
-      return dispatch_v<kTq4, D>(vf, wide, a, grid, stream);
-    case kTq3:
-      return dispatch_v<kTq3, D>(vf, wide, a, grid, stream);
-    case kTq2:
-      return dispatch_v<kTq2, D>(vf, wide, a, grid, stream);
-    default:
-      return dispatch_v<kFp16, D>(vf, wide, a, grid, stream);
-  }
-}
-
-// f.template operator()<KF, VF, kWide>() for the attend_kernel instance of
-// these formats and layout (the instances dispatch() launches).
 template <int D, typename F>
-int with_attend_instance(int kf, int vf, bool wide, F&& f) {
-  auto for_v = [&]<int KF>() {
-    auto for_layout = [&]<int VF>() {
+decltype(auto) with_attend_instance(int kf, int vf, bool wide, F&& f) {
+  return with_format(kf, [&]<int KF>() -> decltype(auto) {
+    return with_format(vf, [&]<int VF>() -> decltype(auto) {
       if constexpr (D == 128 && packed_pair(KF, VF, D)) {
         if (wide) return f.template operator()<KF, VF, true>();
       }
       return f.template operator()<KF, VF, false>();
-    };
-    switch (vf) {
-      case kTq4:
-        return for_layout.template operator()<kTq4>();
-      case kTq3:
-        return for_layout.template operator()<kTq3>();
-      case kTq2:
-        return for_layout.template operator()<kTq2>();
-      default:
-        return for_layout.template operator()<kFp16>();
-    }
-  };
-  switch (kf) {
-    case kTq4:
-      return for_v.template operator()<kTq4>();
-    case kTq3:
-      return for_v.template operator()<kTq3>();
-    case kTq2:
-      return for_v.template operator()<kTq2>();
-    default:
-      return for_v.template operator()<kFp16>();
-  }
+    });
+  });
+}
+
+template <int D>
+void dispatch(int kf, int vf, bool wide, const AttnArgs& a, dim3 grid, cudaStream_t stream) {
+  with_attend_instance<D>(kf, vf, wide,
+                          [&]<int KF, int VF, bool kWide>() { launch_attend<KF, VF, kWide, D>(a, grid, stream); });
 }
 
 // Whether the current device launches clusters (sm_90 and later).
