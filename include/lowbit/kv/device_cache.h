@@ -184,11 +184,12 @@ struct DeviceDecodeOptions {
   const float* append_k = nullptr;
   const float* append_v = nullptr;
   // When a row has at most 8 chunks (short rows, or many rows) on an sm_90
-  // device and V is not Haar-rotated, the CTAs of one (row, KV head) run as
-  // a cluster and merge their chunks through distributed shared memory, with
-  // the merge kernel's arithmetic (the same bits): one kernel fewer on a
-  // decode step's critical path. False: always the merge kernel (tests,
-  // benchmarks).
+  // device, V is not Haar-rotated and every cluster of the call fits on the
+  // device at once (cudaOccupancyMaxActiveClusters), the CTAs of one (row,
+  // KV head) run as a cluster and merge their chunks through distributed
+  // shared memory, with the merge kernel's arithmetic (the same bits): one
+  // kernel fewer on a decode step's critical path. False: always the merge
+  // kernel (tests, benchmarks).
   bool cluster_merge = true;
   // Prefill only: the tiled kernel, which decodes each key tile once per
   // block of query tokens (src/kv/prefill_attention.cu). False: the decode
@@ -208,9 +209,11 @@ float decode_query_scale(const KvCacheConfig& config, const DeviceDecodeOptions&
 // cost) for rows * num_kv_heads * splits CTAs in waves of 2 CTAs per SM (1
 // for 16-warp CTAs or when K or V is fp16), among the splits that give each
 // warp of a CTA at least 4 tiles of 16 tokens or make at most one CTA per two
-// SMs; a chunk longer than a page is a whole number of pages. CTAs have 4
-// warps when K or V is fp16; for packed K and V, 16 when the call's work
-// fills every SM and rows are at most 32k tokens, else 8.
+// SMs (16-warp CTAs: in one wave); a chunk longer than a page is a whole
+// number of pages. CTAs have 4 warps when K or V is fp16; for packed K and V
+// (head_dim 128), 16 when rows * num_kv_heads fit one wave of SMs with at
+// least 16 tiles per SM over the call, and rows of at least 2048 tokens or
+// more pairs than half the SMs; else 8.
 // cta_warps: as DeviceDecodeOptions::cta_warps (0: the layout chosen as above).
 int64_t decode_split_tokens(const KvCacheConfig& config, int rows, int64_t max_length, int sm_count,
                             int cta_warps = 0);
