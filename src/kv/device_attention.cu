@@ -72,6 +72,7 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 #include "lowbit/core/error.h"
@@ -154,20 +155,32 @@ __device__ __forceinline__ void row_of(const AttnArgs& a, int r, int& table_row,
 
 __device__ __forceinline__ uint32_t byte_of(uint32_t w, int k) { return (w >> (8 * k)) & 0xffu; }
 
-// N consecutive 32-bit words from an address aligned to 4N bytes, as one
-// load: a lane's share of a row is 16 bytes at d = 128 and 8 at d = 64.
+// kItems consecutive 32-bit values (uint32_t words or floats; 1, 2 or 4) from
+// an address aligned to 4 kItems bytes, as one load: a lane's share of a
+// packed row is 16 bytes at d = 128 and 8 at d = 64, and the merges read a
+// lane's 4 or 2 coordinates of a partial output at once.
+template <int kItems, typename T>
+__device__ __forceinline__ void load_consecutive(const T* p, T (&v)[kItems]) {
+  static_assert(std::is_same_v<T, uint32_t> || std::is_same_v<T, float>, "uint32_t words or floats");
+  static_assert(kItems == 1 || kItems == 2 || kItems == 4, "1, 2 or 4 values");
+  constexpr bool kWords = std::is_same_v<T, uint32_t>;
+  if constexpr (kItems == 4) {
+    using Vec = std::conditional_t<kWords, uint4, float4>;
+    const Vec x = *reinterpret_cast<const Vec*>(p);
+    v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
+  } else if constexpr (kItems == 2) {
+    using Vec = std::conditional_t<kWords, uint2, float2>;
+    const Vec x = *reinterpret_cast<const Vec*>(p);
+    v[0] = x.x, v[1] = x.y;
+  } else {
+    v[0] = *p;
+  }
+}
+
+// N consecutive index words of a packed row (load_consecutive).
 template <int N>
 __device__ __forceinline__ void load_words(const uint8_t* p, uint32_t (&w)[N]) {
-  if constexpr (N == 4) {
-    const uint4 x = *reinterpret_cast<const uint4*>(p);
-    w[0] = x.x, w[1] = x.y, w[2] = x.z, w[3] = x.w;
-  } else if constexpr (N == 2) {
-    const uint2 x = *reinterpret_cast<const uint2*>(p);
-    w[0] = x.x, w[1] = x.y;
-  } else {
-    static_assert(N == 1, "1, 2 or 4 words");
-    w[0] = *reinterpret_cast<const uint32_t*>(p);
-  }
+  load_consecutive<N>(reinterpret_cast<const uint32_t*>(p), w);
 }
 
 // kBytes (1, 2 or 4) bytes from an address aligned to kBytes, zero-extended.
@@ -439,20 +452,6 @@ constexpr int kMergeRow = D + 2 * (D / 32) + 2;
 // own, with the log-sum-exps through shared memory: three more dependent
 // round trips and four barriers before the first sum.
 constexpr int kMergeUnroll = 16;
-
-// kItems consecutive floats (1, 2 or 4) as one load.
-template <int kItems>
-__device__ __forceinline__ void load_consecutive(const float* p, float (&v)[kItems]) {
-  if constexpr (kItems == 4) {
-    const float4 x = *reinterpret_cast<const float4*>(p);
-    v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
-  } else if constexpr (kItems == 2) {
-    const float2 x = *reinterpret_cast<const float2*>(p);
-    v[0] = x.x, v[1] = x.y;
-  } else {
-    v[0] = *p;
-  }
-}
 
 // Merges the partials of kItems coordinates of one query head into
 // merged[k]: load_block(s0, lse, v) fetches the log-sum-exps and the
