@@ -111,6 +111,8 @@ struct AttnArgs {
   // The kernel just before this one wrote each row's newest token (the
   // caller's kernel made q and appended the K/V, DeviceDecodeOptions::
   // queries_rotated): the chunk holding it is read only after the wait.
+  // (Without such a contract nothing of the cache is read before the wait:
+  // see issue_early.)
   bool newest_token_fresh;
   // Hadamard rotation, queries not rotated by the caller: each CTA rotates
   // its group's queries itself (signs and scale below) into shared memory at
@@ -639,25 +641,27 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32, Til
     if (a.q_signs != nullptr) load_lane_signs<D>(a.q_signs, lane_signs);  // constant: before any wait
   // The first tiles of the ring are requested before the wait for the
   // previous kernel when the pages they read are complete already:
-  //  - the queries come rotated (from the rotation kernel, which waited for
-  //    the kernel that wrote the K/V; or from the caller, who may have
-  //    appended each row's newest token just before: then every chunk but
-  //    the row's last);
+  //  - the queries come rotated from the rotation kernel (Haar), which
+  //    waited for whatever kernel wrote the K/V before it triggered this one;
+  //  - or from the caller, who may have appended each row's newest token
+  //    just before (DeviceDecodeOptions::queries_rotated): then every chunk
+  //    but the row's last;
   //  - or this call appends the newest tokens itself (append_k): every page
   //    is complete but for the newest token's slot, which its CTA overwrites
   //    in the ring below.
-  // Otherwise (fp16 K: no rotation kernel, and the previous kernel may be the
-  // append) nothing of the cache is read before the wait.
+  // Otherwise nothing of the cache is read before the wait: fp16 K (no
+  // rotation kernel) and queries rotated in this CTA (Hadamard, no rotation
+  // kernel either). The kernel before may then be any writer still running
+  // (they let their dependents launch at their start): a device_write_tokens
+  // of a prefill block, or of a whole prompt before a decode call. Up to v21
+  // the 8-warp layout requested its first tiles early with Hadamard queries
+  // too, and read slots such a write had not stored yet (test
+  // KvDevice.AttentionReadsTheCacheOnlyAfterTheKernelBeforeItCompletes); the
+  // early tiles had saved 0.4-0.8 us of a standalone call at 1k-4k tokens.
   const bool appends_newest = a.append_k != nullptr && t1 == len;
-  // With the queries rotated here in the wide layout, the tiles wait for
-  // the query loads instead (below): a standalone call has nothing before it
-  // to overlap, and 16 warps' first tiles per SM queue ahead of the queries.
-  // (One H100, tq4, us: batch 1 / 32k 30.2 -> 28.8-29.0 and batch 8 / 4k
-  // 28.8 -> 27.4-27.6 in the wide layout; the 8-warp one lost 0.4-0.8 us at
-  // batch 1 and 8 / 1k and batch 1 / 4k, so it keeps the early tiles.)
   const bool rotate_here = kRotates && a.q_signs != nullptr;
-  const bool issue_early = a.append_k != nullptr || (a.queries_rotated && !(rotate_here && kWide) &&
-                                                     !(a.newest_token_fresh && t1 == len));
+  const bool issue_early =
+      a.append_k != nullptr || (a.queries_rotated && !rotate_here && !(a.newest_token_fresh && t1 == len));
   // With append_k, the CTA holding the row's newest token stores it: warp 0
   // its K, warp 1 its V, with the append kernel's bytes. What that needs
   // besides the vector (codebook, signs, the row's page) is loaded before
@@ -1394,8 +1398,9 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
   a.q = rotate_here ? q_rot : q;
   a.queries_rotated = k_rot;
   // No kernel between the caller's last one and this: it may have appended
-  // each row's newest token, or made the K/V this call appends.
-  a.newest_token_fresh = options.queries_rotated || rotate_in_cta || options.append_k != nullptr;
+  // each row's newest token, or made the K/V this call appends. (With the
+  // queries rotated in the CTAs the kernel reads no tile before its wait.)
+  a.newest_token_fresh = options.queries_rotated || options.append_k != nullptr;
   if (options.append_k != nullptr) {  // the newest tokens stored by the CTAs holding them
     a.append = append_target;
     a.append_k = options.append_k;

@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -28,6 +29,7 @@
 #include "kv/kv_test_util.h"
 #include "lowbit/core/half.h"
 #include "lowbit/cuda/check.h"
+#include "lowbit/cuda/pdl.cuh"
 #include "lowbit/kv/attention_ref.h"
 #include "lowbit/kv/device_cache.h"
 #include "tolerances.h"
@@ -642,6 +644,91 @@ TEST(KvDevice, WriteThenDecodeEndToEnd) {
   EXPECT_TRUE(close_to_reference(from_device(out, q.size()), ref));
 }
 
+// A cache writer that behaves like lowbit's own write kernels: launched
+// with programmatic dependent launch, it lets the next kernel launch at its
+// start. Then it takes its time (~50 us), so that the kernel after it has
+// launched, and requested whatever it requests before its own wait, before
+// the first byte is stored.
+__global__ void slow_pool_copy_kernel(std::byte* dst, const std::byte* src, int64_t bytes) {
+  cuda::pdl_wait();
+  cuda::pdl_launch_dependents();
+  for (int i = 0; i < 50; ++i) __nanosleep(1000);
+  const int64_t n = bytes / 16;
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
+}
+
+// An attention call right after a kernel that is still writing the cache
+// (slow_pool_copy_kernel: another row content over the first) reads what
+// that kernel wrote: the same bits as the same call on an idle stream. A
+// Hadamard cache, whose queries are rotated inside the attention CTAs, so no
+// rotation kernel in between waits for the writer; both CTA layouts for
+// decode; for prefill the decode kernel with one row per query token and the
+// tiled kernel. Up to v21 the 8-warp layout requested its first K/V tiles
+// before its wait in such calls and read the slots' old bytes: on an H100
+// the v21 kernel failed this test in the 8-warp decode with the merge kernel
+// (the cluster launches passed). A device_write_tokens of a prompt (or of a
+// prefill block) right before such a call was a race, which the write
+// kernels' short tails made rare: the same test with device_write_tokens as
+// the writer passed on v21 in two runs of three repetitions.
+TEST(KvDevice, AttentionReadsTheCacheOnlyAfterTheKernelBeforeItCompletes) {
+  LOWBIT_REQUIRE_GPU();
+  const std::vector<int64_t> lens = {4096};
+  const KvCacheConfig c =
+      make_config(KvFormat::tq4, KvFormat::tq4, 64, pages_for(lens, 64), 8, ScaleDType::f16, RotationKind::hadamard);
+  HostBatch stale(c, lens, DataKind::gaussian, 5), fresh(c, lens, DataKind::gaussian, 6);
+  DeviceKvCache dev(c), fresh_dev(c);
+  fresh_dev.upload(fresh.cache);
+  const DeviceBlockTables tables = DeviceBlockTables::from_cache(fresh.cache, fresh.seqs);
+  cudaStream_t stream;
+  LOWBIT_CUDA_CHECK(cudaStreamCreate(&stream));
+  AttentionWorkspace ws;
+  constexpr int64_t kBlock = 512;
+  const std::vector<float> q = kvtest::random_rows(kBlock, 40, 128, 9, DataKind::gaussian, false);
+  const Buffer qd = to_device(q);
+  // The call right after the writer, then again on an idle stream: the same bits?
+  auto same_bits_after_the_writer = [&](const std::function<void(float*)>& attention, size_t floats) {
+    Buffer racing = poisoned_output(floats), idle = poisoned_output(floats);
+    dev.upload(stale.cache);
+    LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+    cuda::launch_with_pdl(slow_pool_copy_kernel, dim3(16), dim3(256), 0, stream, dev.pool(kTestLayer),
+                          static_cast<const std::byte*>(fresh_dev.pool(kTestLayer)), dev.pool_bytes());
+    attention(racing.as<float>());
+    LOWBIT_CUDA_CHECK(cudaStreamSynchronize(stream));
+    attention(idle.as<float>());
+    LOWBIT_CUDA_CHECK(cudaStreamSynchronize(stream));
+    const std::vector<float> a = from_device(racing, floats), b = from_device(idle, floats);
+    return std::memcmp(a.data(), b.data(), floats * 4) == 0;
+  };
+  for (bool cluster_merge : {true, false}) {
+    for (int warps : {8, 16}) {
+      DeviceDecodeOptions o;
+      o.cta_warps = warps;
+      o.cluster_merge = cluster_merge;
+      EXPECT_TRUE(same_bits_after_the_writer(
+          [&](float* out) {
+            device_decode_attention(dev, kTestLayer, tables, 40, qd.as<float>(), out, ws, o, stream);
+          },
+          40 * 128))
+          << "decode, " << warps << " warps, cluster merge " << cluster_merge << ": other bits right after the writer";
+    }
+    for (bool tiled : {false, true}) {
+      DeviceDecodeOptions o;
+      o.prefill_tiled = tiled;
+      o.cluster_merge = cluster_merge;
+      EXPECT_TRUE(same_bits_after_the_writer(
+          [&](float* out) {
+            device_prefill_attention(dev, kTestLayer, tables, 0, lens[0] - kBlock, kBlock, 40, qd.as<float>(), out,
+                                     ws, o, stream);
+          },
+          q.size()))
+          << "prefill through the " << (tiled ? "tiled kernel" : "decode kernel") << ", cluster merge "
+          << cluster_merge << ": other bits right after the writer";
+    }
+  }
+  LOWBIT_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
 // One causal prefill call (tokens first_pos .. len - 1 of one row, the
 // earlier ones cached before) through both kernels: the tiled prefill kernel
 // (the default) and the decode kernel with one row per query token
@@ -703,6 +790,10 @@ TEST(KvDevice, PrefillCausal) {
   check_prefill({.kf = KvFormat::tq2, .vf = KvFormat::fp16, .len = 64, .split_tokens = 16});
   check_prefill({.len = 333, .first_pos = 100, .split_tokens = 32, .head_dim = 64});
   check_prefill({.kf = KvFormat::fp16, .vf = KvFormat::fp16, .len = 97, .head_dim = 64});
+  // The default model's geometry (9 query heads over 3 KV heads of 64) in a
+  // 512-token block, `lowbit perplexity`'s, both rotations.
+  for (RotationKind rotation : {RotationKind::haar, RotationKind::hadamard})
+    check_prefill({.len = 512, .head_dim = 64, .page_size = 32, .kv_heads = 3, .q_heads = 9, .rotation = rotation});
 }
 
 // The tiled prefill kernel's own edges: every format pair (its decode of
