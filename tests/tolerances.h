@@ -165,9 +165,15 @@ inline constexpr double kCudaEngineBatchRelError = 5e-3;
 // the CPU K/V made in fp32, so some coordinates land in neighbouring 4-bit
 // cells: 1.00004 with Haar rotations, 1.0088 with Hadamard ones (tq4 itself
 // costs +3.7% to +6.9% over fp16 KV, tq3 +22% to +25%; a wrong path, e.g. q
-// and k rotated differently, gives perplexities in the hundreds).
+// and k rotated differently, gives perplexities in the hundreds). Since the
+// tiled prefill kernel (v18; other rounding order) the same H100 measured
+// 0.9853 (Haar) and 0.9902 (Hadamard) at the test's 512-token chunks, and
+// 64-token chunks moved the GPU's tq4 perplexity by another 1.0-1.1% (the
+// same with programmatic dependent launch off: rounding, not a race;
+// docs/results/h100-default-model-cuda.txt, v22). So tq4 gets 3%: the
+// spread of this sensitive quantity, far below what a wrong path gives.
 inline constexpr double kCudaEnginePerplexityRelDiff = 5e-3;
-inline constexpr double kCudaEnginePerplexityRelDiffTq4 = 1.5e-2;
+inline constexpr double kCudaEnginePerplexityRelDiffTq4 = 3e-2;
 
 // ---- entropy coding (lowbit/ans) ---------------------------------------------
 // Issue 5's size target: lowbit's format within 2% of the empirical entropy.

@@ -180,7 +180,7 @@ TEST(DefaultModel, TurboQuantKvTop1AgreementWithFp16Kv) {
 //    (tolerances.h); measured on an H100: 0.0035 (prefill), 0.0030 (decode),
 //    32 of 32 top-1 choices the same.
 //  - fp16 KV and tq4 KV with either rotation: the perplexity of the shipped
-//    text within 0.5% (fp16) or 1.5% (tq4) of the CPU backend's. Per-step
+//    text within 0.5% (fp16) or 3% (tq4) of the CPU backend's. Per-step
 //    logits are no test for tq4 on this model: the GPU's K differs from the
 //    CPU's in the last fp16 bits, which moves some coordinates across a
 //    4-bit boundary, and this model's scores are sensitive enough that the
@@ -188,7 +188,10 @@ TEST(DefaultModel, TurboQuantKvTop1AgreementWithFp16Kv) {
 //    choices the same on an H100), as two 4-bit quantizations of nearly
 //    equal inputs may. Over 896 tokens on an H100: Haar 23.462 (GPU) and
 //    23.461 (CPU), +6.9% over fp16 KV; Hadamard 22.946 and 22.747 (+4.6%
-//    and +3.7%). A wrong tq4 path gives perplexities in the hundreds.
+//    and +3.7%). With the tiled prefill kernel (v18, another rounding
+//    order): Haar 23.115 (GPU, 1.5% below the CPU), Hadamard 22.524 (1.0%
+//    below); with 64-token chunks 23.357 and 22.755 (tolerances.h). A wrong
+//    tq4 path gives perplexities in the hundreds.
 // Skips without a GPU.
 TEST(DefaultModel, CudaBackendAgreesWithTheCpuBackend) {
   REQUIRE_DEFAULT_MODEL(path);
