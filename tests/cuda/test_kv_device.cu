@@ -659,7 +659,7 @@ __global__ void slow_pool_copy_kernel(std::byte* dst, const std::byte* src, int6
 }
 
 // An attention call right after a kernel that is still writing the cache
-// (slow_pool_copy_kernel: another row content over the first) reads what
+// (slow_pool_copy_kernel: the fresh content over a stale one) reads what
 // that kernel wrote: the same bits as the same call on an idle stream. A
 // Hadamard cache, whose queries are rotated inside the attention CTAs, so no
 // rotation kernel in between waits for the writer; both CTA layouts for
