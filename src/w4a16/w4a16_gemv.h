@@ -28,6 +28,8 @@ int gemv_col_blocks(int N_pad);
 // that its ~1000 CTAs do not all load the same two L2 lines at once.
 inline constexpr int kGemvRowSqCopies = 16;
 inline constexpr int gemv_row_sq_copy_stride(int blocks) { return (blocks + 31) / 32 * 32; }
+// The slack after the partials (see gemv_partial_floats).
+inline constexpr size_t kGemvPartialSlackFloats = 64;
 size_t gemv_partial_floats(int split_k, int N_pad);
 // The least K split whose share of x fits in a CTA's shared memory.
 int gemv_min_split(int64_t M, int iters, int device);
