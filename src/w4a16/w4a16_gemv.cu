@@ -797,16 +797,7 @@ void launch_typed(const GemvArgs& args, int device, cudaStream_t stream) {
 
 }  // namespace
 
-int gemv_col_blocks(int N_pad) { return (N_pad / 16 + kWarps - 1) / kWarps; }
-
-size_t gemv_partial_floats(int split_k, int N_pad) {
-  // [split][row][N_pad], and 64 floats more: the last CTA's sum loads all
-  // 128 columns of its block, so where N_pad is an odd multiple of 64 the
-  // last block's upper half (columns no warp stores; their sums are never
-  // written to y) reads into the next row's partials, and past the end after
-  // row 8 of the last split (docs/w4a16-gemm.md, v23).
-  return static_cast<size_t>(split_k) * kGemvRowsPerPass * static_cast<size_t>(N_pad) + kGemvPartialSlackFloats;
-}
+static_assert(kWarps * 16 == kGemvBlockColumns, "w4a16_gemv_workspace.h counts the CTA's columns");
 
 int gemv_min_split(int64_t M, int iters, int device) {
   const DeviceLimits& l = device_limits(device);

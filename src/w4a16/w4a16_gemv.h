@@ -7,30 +7,25 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "lowbit/w4a16/w4a16_gemv_workspace.h"
 #include "w4a16_kernel_args.h"
 
 namespace lowbit::w4a16_detail {
 
-// Rows of x one pass of the kernel serves: the n of mma.m16n8k16. Larger M
-// runs in passes, one launch each.
-inline constexpr int kGemvRowsPerPass = 8;
+// kGemvRowsPerPass rows of x per launch (larger M runs in passes);
+// gemv_col_blocks and gemv_partial_floats: lowbit/w4a16/w4a16_gemv_workspace.h.
 
 // split_k is the K split: a grid of gemv_col_blocks(N_pad) x split_k CTAs.
 // With split_k > 1, partial holds gemv_partial_floats(split_k, N_pad) floats
 // and counters gemv_col_blocks(N_pad) ints, zero between calls.
 using GemvArgs = TiledGemmArgs;
 
-// Blocks of 128 output columns (one CTA's width).
-int gemv_col_blocks(int N_pad);
 // W4A16Options::residual_row_sq's layout: per row, kGemvRowSqCopies copies
 // of the row's per-block sums, each padded to whole 128-byte lines; the
 // GEMM that reads them (x_norm_weight) takes copy blockIdx.x % copies, so
 // that its ~1000 CTAs do not all load the same two L2 lines at once.
 inline constexpr int kGemvRowSqCopies = 16;
 inline constexpr int gemv_row_sq_copy_stride(int blocks) { return (blocks + 31) / 32 * 32; }
-// The slack after the partials (see gemv_partial_floats).
-inline constexpr size_t kGemvPartialSlackFloats = 64;
-size_t gemv_partial_floats(int split_k, int N_pad);
 // The least K split whose share of x fits in a CTA's shared memory.
 int gemv_min_split(int64_t M, int iters, int device);
 // The K split `auto` and an unset W4A16Options::split_k use: the least
