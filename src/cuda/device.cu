@@ -1,5 +1,6 @@
 #include "lowbit/cuda/device.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <map>
@@ -161,6 +162,24 @@ bool pdl_enabled() {
     slot.store(major >= 9 && !disabled_by_env ? 2 : 1, std::memory_order_relaxed);
   }
   return slot.load(std::memory_order_relaxed) == 2;
+}
+
+cudaAccessPolicyWindow l2_streaming_window(L2StreamSpan span) {
+  static const bool disabled_by_env = [] {
+    const char* v = std::getenv("LOWBIT_L2_STREAMING");
+    return v != nullptr && std::string(v) == "0";
+  }();
+  cudaAccessPolicyWindow w{};
+  if (span.base == nullptr || span.bytes == 0 || disabled_by_env) return w;
+  int device = 0;
+  LOWBIT_CUDA_CHECK(cudaGetDevice(&device));
+  const size_t largest = static_cast<size_t>(device_attribute(cudaDevAttrMaxAccessPolicyWindowSize, device));
+  w.base_ptr = const_cast<void*>(span.base);
+  w.num_bytes = std::min(span.bytes, largest);
+  w.hitRatio = 1.0f;
+  w.hitProp = cudaAccessPropertyStreaming;
+  w.missProp = cudaAccessPropertyStreaming;
+  return w;
 }
 
 }  // namespace lowbit::cuda

@@ -7,6 +7,7 @@
 #include "lowbit/core/error.h"
 #include "lowbit/core/tensor.h"
 #include "lowbit/cuda/check.h"
+#include "lowbit/cuda/pdl.cuh"
 
 namespace lowbit::cuda {
 namespace {
@@ -46,12 +47,23 @@ __global__ void read_buffer_kernel(const uint4* p, size_t n, unsigned* sink) {
 
 }  // namespace
 
-void read_device_buffer(const void* data, size_t bytes, unsigned* sink, cudaStream_t stream) {
+void read_device_buffer(const void* data, size_t bytes, unsigned* sink, cudaStream_t stream, bool l2_streaming) {
   // The kernel reads whole 16-byte vectors: a size or address off that grid
   // would skip the tail or fault, so it is refused before anything launches.
   LOWBIT_CHECK_ARG(bytes % 16 == 0, "bytes", bytes, "a multiple of 16");
   LOWBIT_CHECK_ARG(reinterpret_cast<uintptr_t>(data) % 16 == 0, "data", data, "a 16-byte aligned device pointer");
-  read_buffer_kernel<<<1024, 256, 0, stream>>>(static_cast<const uint4*>(data), bytes / 16, sink);
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(1024);
+  config.blockDim = dim3(256);
+  config.stream = stream;
+  cudaLaunchAttribute window{};
+  window.id = cudaLaunchAttributeAccessPolicyWindow;
+  window.val.accessPolicyWindow = l2_streaming_window({data, l2_streaming ? bytes : 0});
+  if (window.val.accessPolicyWindow.num_bytes > 0) {
+    config.attrs = &window;
+    config.numAttrs = 1;
+  }
+  LOWBIT_CUDA_CHECK(cudaLaunchKernelEx(&config, read_buffer_kernel, static_cast<const uint4*>(data), bytes / 16, sink));
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
 

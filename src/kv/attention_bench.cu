@@ -264,7 +264,8 @@ void run_kv_attention_benchmark(const KvAttentionBenchOptions& options) {
           LOWBIT_CUDA_CHECK(cudaMemset(sink.data(), 0, sizeof(unsigned)));
           row.stats = cuda::time_cuda(
               [&](cudaStream_t s) {
-                cuda::read_device_buffer(cache.pool(0), row.bytes, static_cast<unsigned*>(sink.data()), s);
+                cuda::read_device_buffer(cache.pool(0), row.bytes, static_cast<unsigned*>(sink.data()), s,
+                                        /*l2_streaming=*/true);
               },
               timer);
           const double sdpa = sdpa_anchor_us(batch, context);

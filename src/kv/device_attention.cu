@@ -97,6 +97,7 @@ float softmax_scale_of(const KvCacheConfig& cfg, const DeviceDecodeOptions& opti
 
 struct AttnArgs {
   const std::byte* pool;
+  int64_t pool_bytes;  // DeviceDecodeOptions::l2_streaming: the layer's pool, else 0 (host side only)
   int64_t slab_bytes;
   int64_t k_rows, k_scales, v_rows, v_scales;  // slab offsets
   int scale_bytes;                             // 2 (f16) or 4 (f32)
@@ -1145,7 +1146,8 @@ void launch_attend(const AttnArgs& a, dim3 grid, cudaStream_t stream) {
   const AttendLaunch l = attend_launch<KF, VF, kWide, D>(a);
   cuda::ensure_dynamic_smem(attend_kernel<KF, VF, kWide, D>, l.smem);
   cuda::launch_with_pdl_in_clusters(attend_kernel<KF, VF, kWide, D>, a.cluster_merge ? static_cast<int>(grid.x) : 0,
-                                    grid, dim3(32 * L::kWarps), static_cast<size_t>(l.smem), stream, l.args);
+                                    cuda::L2StreamSpan{a.pool, static_cast<size_t>(a.pool_bytes)}, grid,
+                                    dim3(32 * L::kWarps), static_cast<size_t>(l.smem), stream, l.args);
 }
 
 // How many clusters of `cluster` CTAs of this instance, launched with
@@ -1386,6 +1388,7 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
   AttnArgs a{};
   const PageLayout& l = cache.layout();
   a.pool = cache.pool(layer);
+  a.pool_bytes = options.l2_streaming ? cache.pool_bytes() : 0;
   a.slab_bytes = l.bytes;
   a.k_rows = l.k_rows, a.k_scales = l.k_scales, a.v_rows = l.v_rows, a.v_scales = l.v_scales;
   a.scale_bytes = static_cast<int>(scale_dtype_bytes(cfg.scale_dtype));

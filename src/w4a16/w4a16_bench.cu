@@ -183,7 +183,8 @@ void run_w4a16_gemm_benchmark(const W4A16BenchOptions& options) {
         row.bytes = floor_bytes;
         row.stats = cuda::time_cuda(
             [&](cudaStream_t s) {
-              cuda::read_device_buffer(floor_source.data(), floor_bytes, static_cast<unsigned*>(floor_sink.data()), s);
+              cuda::read_device_buffer(floor_source.data(), floor_bytes, static_cast<unsigned*>(floor_sink.data()), s,
+                                        /*l2_streaming=*/true);
             },
             timer);
         const double speedup = cublas_us / row.stats.median_us;

@@ -885,6 +885,9 @@ void w4a16_gemm(const TensorView& x, const W4A16Weights& w, const TensorView& y,
           w.device(), stream));
     }
     a.group_rows = static_cast<int>(plan.wgmma_group_rows);
+    // With one row tile every weight is read once per K split; with more,
+    // the row tiles of a column tile read it again, from L2 when it stayed.
+    if (options.l2_streaming && M <= plan.rows_per_pass) a.weight_stream_bytes = w.qweight_bytes();
     if (plan.stream_k_ctas > 0 || plan.tail_tiles > 0 || plan.split_k > 1)
       a.counters = static_cast<int*>(
           workspace.scratch(3, static_cast<size_t>(tiles) * sizeof(int), true, w.device(), stream));
@@ -900,6 +903,8 @@ void w4a16_gemm(const TensorView& x, const W4A16Weights& w, const TensorView& y,
     a.x_norm_row_sq = options.x_norm_row_sq;
     a.x_norm_blocks = static_cast<int>(w4a16_row_sq_blocks(w.K()));
     a.x_norm_eps = options.x_norm_eps;
+    // Several passes of 8 rows read the weights again: no window then.
+    if (options.l2_streaming && M <= w4a16_detail::kGemvRowsPerPass) a.weight_stream_bytes = w.qweight_bytes();
     if (options.attention_inputs != nullptr) {
       const W4A16AttentionInputs& ai = *options.attention_inputs;
       a.attention_inputs = true;

@@ -788,10 +788,10 @@ void launch_typed(const GemvArgs& args, int device, cudaStream_t stream) {
   // Passes of 8 rows run one after the other on the stream; each finishes
   // before the next reuses the partials and counters.
   for (int m0 = 0; m0 < args.M; m0 += kGemvRowsPerPass) {
-    cuda::launch_with_pdl(kernel, dim3(static_cast<unsigned>(gemv_col_blocks(args.N_pad)), static_cast<unsigned>(args.split_k)),
-                          dim3(kThreads),
-                          static_cast<size_t>(smem_for(args.M - m0, args.iters, args.split_k, kTwoGroups)), stream,
-                          args, m0, range_max);
+    cuda::launch_with_pdl_in_clusters(
+        kernel, 0, cuda::L2StreamSpan{args.qweight, args.weight_stream_bytes},
+        dim3(static_cast<unsigned>(gemv_col_blocks(args.N_pad)), static_cast<unsigned>(args.split_k)), dim3(kThreads),
+        static_cast<size_t>(smem_for(args.M - m0, args.iters, args.split_k, kTwoGroups)), stream, args, m0, range_max);
   }
 }
 

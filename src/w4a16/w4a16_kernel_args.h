@@ -66,6 +66,9 @@ struct TiledGemmArgs {
   float x_norm_eps;
   bool attention_inputs;  // y is not written: `attention` is
   AttentionInputsArgs attention;
+  // Host side only (the launch, not the kernel): W4A16Options::l2_streaming,
+  // the bytes of qweight read through an L2 streaming window, or 0.
+  size_t weight_stream_bytes;
 };
 
 }  // namespace lowbit::w4a16_detail

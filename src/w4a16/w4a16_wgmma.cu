@@ -719,8 +719,9 @@ void launch_typed(const WgmmaArgs& args, cudaStream_t stream) {
                         ? dim3(row_tiles, col_tiles, static_cast<unsigned>(args.split_k))
                         : dim3(row_tiles * col_tiles - static_cast<unsigned>(args.tail_tiles) +
                                static_cast<unsigned>(args.tail_tiles * args.tail_split));
-  cuda::launch_with_pdl(kernel, grid, dim3(kCtaThreads<kMTile, kDense>), static_cast<size_t>(Smem<kMTile>::kBytes),
-                        stream, map, args);
+  cuda::launch_with_pdl_in_clusters(kernel, 0, cuda::L2StreamSpan{args.qweight, args.weight_stream_bytes}, grid,
+                                    dim3(kCtaThreads<kMTile, kDense>), static_cast<size_t>(Smem<kMTile>::kBytes),
+                                    stream, map, args);
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
 

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <stdexcept>
@@ -25,6 +26,7 @@
 #include "lowbit/cuda/device.h"
 #include "lowbit/cuda/device_attribute.h"
 #include "lowbit/cuda/kernel_smem.h"
+#include "lowbit/cuda/pdl.cuh"
 #include "lowbit/cuda/random.h"
 #include "lowbit/cuda/timer.h"
 
@@ -237,6 +239,46 @@ TEST(CudaDeviceAttribute, CachedValuesAreTheRuntimesFromManyThreads) {
   cudaGetLastError();
   if (devices < 2)
     std::printf("[ note     ] one CUDA device: the attributes of device 0 only, from %d threads\n", kThreads);
+}
+
+// cuda::l2_streaming_window: streaming hits and misses over the span, clipped
+// to the device's largest window, none for an empty span; and a launch with
+// such a window (through launch_with_pdl_in_clusters, as the W4A16 and
+// attention kernels take it, and read_device_buffer's) runs.
+TEST(CudaL2Streaming, WindowIsClippedToTheDeviceLimitAndALaunchTakesIt) {
+  LOWBIT_REQUIRE_GPU();
+  const char* env = std::getenv("LOWBIT_L2_STREAMING");
+  const bool disabled = env != nullptr && std::string(env) == "0";
+  const size_t largest =
+      static_cast<size_t>(cuda::device_attribute(cudaDevAttrMaxAccessPolicyWindowSize, 0));
+  ASSERT_GT(largest, 0u) << "devices of compute capability 8.0 and later have access-policy windows";
+  Buffer buf(1 << 20, Device::cuda);
+  LOWBIT_CUDA_CHECK(cudaMemset(buf.data(), 0, buf.size()));
+  const cudaAccessPolicyWindow w = cuda::l2_streaming_window({buf.data(), buf.size()});
+  if (disabled) {
+    EXPECT_EQ(w.num_bytes, 0u) << "LOWBIT_L2_STREAMING=0 turns the windows off";
+  } else {
+    EXPECT_EQ(w.base_ptr, buf.data());
+    EXPECT_EQ(w.num_bytes, buf.size());
+    EXPECT_EQ(w.hitRatio, 1.0f);
+    EXPECT_EQ(w.hitProp, cudaAccessPropertyStreaming);
+    EXPECT_EQ(w.missProp, cudaAccessPropertyStreaming);
+    // Only the window's extent is clipped; nothing is read through it here.
+    EXPECT_EQ(cuda::l2_streaming_window({buf.data(), largest + 4096}).num_bytes, largest);
+  }
+  EXPECT_EQ(cuda::l2_streaming_window({buf.data(), 0}).num_bytes, 0u);
+  EXPECT_EQ(cuda::l2_streaming_window({nullptr, buf.size()}).num_bytes, 0u);
+  int* flag = buf.as<int>();
+  cuda::launch_with_pdl_in_clusters(noop_kernel, 0, cuda::L2StreamSpan{buf.data(), buf.size()}, dim3(1), dim3(32), 0,
+                                    nullptr, flag);
+  LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+  int got = 0;
+  Buffer::copy(&got, Device::cpu, flag, Device::cuda, sizeof(int));
+  EXPECT_EQ(got, 1);
+  // The benchmarks' read floors read through the same window.
+  LOWBIT_CUDA_CHECK(cudaMemset(flag, 0, sizeof(int)));
+  cuda::read_device_buffer(buf.data(), buf.size(), reinterpret_cast<unsigned*>(flag), nullptr, /*l2_streaming=*/true);
+  LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 TEST(CudaCheck, FailingCublasCallThrowsCudaError) {

@@ -347,6 +347,18 @@ void check_decode(KvFormat kf, KvFormat vf, int page_size, const std::vector<int
     EXPECT_EQ(std::memcmp(merged_by_kernel.data(), got.data(), got.size() * 4), 0)
         << "the cluster merge gives other bits than the merge kernel";
   }
+  // DeviceDecodeOptions::l2_streaming (on by default) is a cache hint: the
+  // same bits without the window.
+  {
+    Buffer out_plain = poisoned_output(q.size());
+    DeviceDecodeOptions op = o;
+    op.l2_streaming = false;
+    device_decode_attention(dev, kTestLayer, tables, q_heads, qd.as<float>(), out_plain.as<float>(), ws, op);
+    LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<float> plain = from_device(out_plain, q.size());
+    EXPECT_EQ(std::memcmp(plain.data(), got.data(), got.size() * 4), 0)
+        << "the L2 streaming window changes the bits";
+  }
   // The fp16 output option: the same fp32 results, each rounded once.
   Buffer out16(q.size() * 2, Device::cuda);
   LOWBIT_CUDA_CHECK(cudaMemset(out16.data(), 0xFF, out16.size()));  // NaN

@@ -322,6 +322,35 @@ TEST(W4A16Gemm, GemvChainedCallsOnOneStream) {
   LOWBIT_CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
+// W4A16Options::l2_streaming (on by default): the launch's L2 access-policy
+// window is a cache hint, so every call gives the bits of the same call
+// without it. The gemv kernel at one pass of rows (window) and at two (none),
+// the wgmma kernel at one row tile (window) and at several (none), both
+// dtypes.
+TEST(W4A16Gemm, L2StreamingWindowGivesTheSameBits) {
+  LOWBIT_REQUIRE_GPU();
+  W4A16Workspace ws;
+  const formats::QuantizedLinear layer = test::random_layer(512, 1472, 128, ZeroKind::asym, 611);
+  std::vector<std::pair<W4A16Strategy, int64_t>> cases = {
+      {W4A16Strategy::gemv, 1}, {W4A16Strategy::gemv, 8}, {W4A16Strategy::gemv, 17}};
+  if (w4a16_wgmma_available())
+    cases.insert(cases.end(), {{W4A16Strategy::wgmma, 16}, {W4A16Strategy::wgmma, 64}, {W4A16Strategy::wgmma, 300}});
+  for (const DType dtype : {DType::f16, DType::bf16}) {
+    const W4A16Weights w = W4A16Weights::prepare(layer, dtype);
+    for (const auto& [strategy, M] : cases) {
+      SCOPED_TRACE(std::string(dtype == DType::f16 ? "f16" : "bf16") + " " + w4a16_strategy_name(strategy) +
+                   " M=" + std::to_string(M));
+      const Problem p = make_problem(M, layer, dtype, 700 + static_cast<uint64_t>(M));
+      W4A16Options with{strategy, 0};
+      W4A16Options without = with;
+      without.l2_streaming = false;
+      const std::vector<uint16_t> y = run_gpu(p, w, ws, with);
+      EXPECT_TRUE(matches_reference(p, y));
+      EXPECT_EQ(run_gpu(p, w, ws, without), y) << "other bits without the L2 streaming window";
+    }
+  }
+}
+
 // W4A16Options::x_silu_mul: the gemv kernel reading x = silu(gate) * up
 // from a [M, 2K] gate | up buffer gives the bits of ops::silu_mul followed by
 // the plain gemv (the engine's two launches it replaces), for both dtypes,

@@ -49,16 +49,45 @@ bool pdl_enabled();
 
 // cluster_x > 0: the grid runs in clusters of cluster_x x 1 x 1 CTAs (sm_90;
 // grid.x a multiple of cluster_x).
+// A span that a kernel reads once and no kernel after it reads soon (a
+// decode step's 4-bit weights, a KV cache pool): given to the launch as an L2
+// access-policy window whose accesses are "streaming", the lines L2 evicts
+// first. Why: a decode step streams far more bytes than L2 holds (a
+// Qwen3-14B layer's weights are ~170 MB, L2 50 MB), and with normal
+// eviction the stream pushes out what the next kernels read again (the
+// activations, the split-K partials and counters, the KV pages just
+// appended) and, after writes, makes every line it brings in write back a
+// dirty one first. bytes == 0: no window.
+struct L2StreamSpan {
+  const void* base = nullptr;
+  size_t bytes = 0;
+};
+
+// The window for a span: streaming hits and misses, clipped to the device's
+// largest window (cudaDevAttrMaxAccessPolicyWindowSize). num_bytes is 0 (no
+// window) for an empty span, on a device without windows, or when the
+// environment sets LOWBIT_L2_STREAMING=0 (to measure without, as LOWBIT_PDL=0
+// does for programmatic dependent launch).
+cudaAccessPolicyWindow l2_streaming_window(L2StreamSpan span);
+
 template <typename... Params, typename... Args>
-void launch_with_pdl_in_clusters(void (*kernel)(Params...), int cluster_x, dim3 grid, dim3 block, size_t smem,
-                                 cudaStream_t stream, Args&&... args) {
+void launch_with_pdl_in_clusters(void (*kernel)(Params...), int cluster_x, L2StreamSpan stream_span,
+                                 dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  cudaLaunchAttribute attributes[2]{};
+  cudaLaunchAttribute attributes[3]{};
   unsigned n = 0;
+  if (stream_span.bytes > 0) {
+    const cudaAccessPolicyWindow window = l2_streaming_window(stream_span);
+    if (window.num_bytes > 0) {
+      attributes[n].id = cudaLaunchAttributeAccessPolicyWindow;
+      attributes[n].val.accessPolicyWindow = window;
+      ++n;
+    }
+  }
   if (pdl_enabled()) {
     attributes[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attributes[n].val.programmaticStreamSerializationAllowed = 1;
@@ -78,9 +107,16 @@ void launch_with_pdl_in_clusters(void (*kernel)(Params...), int cluster_x, dim3 
 }
 
 template <typename... Params, typename... Args>
+void launch_with_pdl_in_clusters(void (*kernel)(Params...), int cluster_x, dim3 grid, dim3 block, size_t smem,
+                                 cudaStream_t stream, Args&&... args) {
+  launch_with_pdl_in_clusters(kernel, cluster_x, L2StreamSpan{}, grid, block, smem, stream,
+                              std::forward<Args>(args)...);
+}
+
+template <typename... Params, typename... Args>
 void launch_with_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                      Args&&... args) {
-  launch_with_pdl_in_clusters(kernel, 0, grid, block, smem, stream, std::forward<Args>(args)...);
+  launch_with_pdl_in_clusters(kernel, 0, L2StreamSpan{}, grid, block, smem, stream, std::forward<Args>(args)...);
 }
 
 }  // namespace lowbit::cuda

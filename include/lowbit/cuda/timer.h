@@ -41,8 +41,13 @@ bench::TimingStats time_cuda(const std::function<void(cudaStream_t)>& launch,
 // [data, data + bytes) once (bytes a multiple of 16, data 16-byte aligned)
 // and writes nothing but, on a value it never meets in practice, one counter
 // in `sink`: how the timer evicts L2 with clean lines, and a known read load
-// for tests.
-void read_device_buffer(const void* data, size_t bytes, unsigned* sink, cudaStream_t stream);
+// for tests. l2_streaming: the read goes through an L2 streaming window
+// (l2_streaming_window in lowbit/cuda/pdl.cuh), as the W4A16 and attention
+// kernels read their weights and caches: the benchmarks' read floors, which
+// must stay a ceiling for those kernels. Never for evicting L2: streaming
+// lines are the first L2 evicts, so they would not push the others out.
+void read_device_buffer(const void* data, size_t bytes, unsigned* sink, cudaStream_t stream,
+                        bool l2_streaming = false);
 
 // Bytes of the buffer written (or read) before each timed call to evict L2 on
 // the current device: max(2 x L2 size, 256 MiB).

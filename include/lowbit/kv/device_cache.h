@@ -196,6 +196,14 @@ struct DeviceDecodeOptions {
   // kernel with one row per query token (the earlier path; tests and
   // benchmarks compare the two).
   bool prefill_tiled = true;
+  // The decode kernel (decode, and prefill with prefill_tiled false) reads
+  // the layer's pool through an L2 streaming window (cuda::L2StreamSpan in
+  // lowbit/cuda/pdl.cuh): its pages are read once per call, and with normal
+  // eviction they push out lines that other kernels read again and write
+  // back dirty ones. Only a cache hint: the same bits either way (tests
+  // compare). LOWBIT_L2_STREAMING=0 in the environment turns every such
+  // window off.
+  bool l2_streaming = true;
 };
 
 // What the decode attention multiplies the rotated queries by (its query

@@ -91,6 +91,7 @@ class W4A16Weights {
   size_t weight_bytes() const { return qweight_.size() + scale_zero_.size(); }
 
   const void* qweight() const { return qweight_.data(); }
+  size_t qweight_bytes() const { return qweight_.size(); }
   const uint32_t* scale_zero() const { return scale_zero_.as<const uint32_t>(); }
   const int32_t* perm() const { return perm_.as<const int32_t>(); }
 
@@ -220,6 +221,14 @@ struct W4A16Options {
   // written (it must still be a valid [M, N] tensor), the attention inputs
   // are (W4A16AttentionInputs; its pointers are device memory).
   const W4A16AttentionInputs* attention_inputs = nullptr;
+  // gemv and wgmma, when the call reads every weight once (one pass of rows:
+  // M <= 8 for gemv, one row tile for wgmma): the launch reads the 4-bit
+  // codes through an L2 streaming window (cuda::L2StreamSpan in
+  // lowbit/cuda/pdl.cuh), so that a decode step's weight stream, far larger
+  // than L2, does not push out what the next kernels read again. Only a
+  // cache hint: the same bits either way (tests compare).
+  // LOWBIT_L2_STREAMING=0 in the environment turns every such window off.
+  bool l2_streaming = true;
 };
 
 // W4A16Options::residual_row_sq of an N-column GEMM: blocks of 128 columns
