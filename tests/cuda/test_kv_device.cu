@@ -325,40 +325,32 @@ void check_decode(KvFormat kf, KvFormat vf, int page_size, const std::vector<int
   std::vector<float> ref(q.size());
   paged_decode_attention_ref(hb.cache, kTestLayer, hb.seqs, q_heads, q, ref);
   const Buffer qd = to_device(q);
-  Buffer out = poisoned_output(q.size());
   AttentionWorkspace ws;
+  // One call into a poisoned output, copied back.
+  const auto decode_with = [&](const DeviceDecodeOptions& options) {
+    Buffer out = poisoned_output(q.size());
+    device_decode_attention(dev, kTestLayer, tables, q_heads, qd.as<float>(), out.as<float>(), ws, options);
+    LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+    return from_device(out, q.size());
+  };
   DeviceDecodeOptions o;
   o.split_tokens = split_tokens;
   o.cta_warps = cta_warps;
   o.plan_length = plan_length;
-  device_decode_attention(dev, kTestLayer, tables, q_heads, qd.as<float>(), out.as<float>(), ws, o);
-  LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
-  const std::vector<float> got = from_device(out, q.size());
+  const std::vector<float> got = decode_with(o);
   EXPECT_TRUE(close_to_reference(got, ref));
   // Rows of up to 8 chunks are merged inside a cluster of their CTAs
   // (DeviceDecodeOptions::cluster_merge, sm_90): the merge kernel's bits.
-  {
-    Buffer out_kernel = poisoned_output(q.size());
-    DeviceDecodeOptions ok = o;
-    ok.cluster_merge = false;
-    device_decode_attention(dev, kTestLayer, tables, q_heads, qd.as<float>(), out_kernel.as<float>(), ws, ok);
-    LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
-    const std::vector<float> merged_by_kernel = from_device(out_kernel, q.size());
-    EXPECT_EQ(std::memcmp(merged_by_kernel.data(), got.data(), got.size() * 4), 0)
-        << "the cluster merge gives other bits than the merge kernel";
-  }
+  DeviceDecodeOptions merge_kernel = o;
+  merge_kernel.cluster_merge = false;
+  EXPECT_EQ(std::memcmp(decode_with(merge_kernel).data(), got.data(), got.size() * 4), 0)
+      << "the cluster merge gives other bits than the merge kernel";
   // DeviceDecodeOptions::l2_streaming (on by default) is a cache hint: the
   // same bits without the window.
-  {
-    Buffer out_plain = poisoned_output(q.size());
-    DeviceDecodeOptions op = o;
-    op.l2_streaming = false;
-    device_decode_attention(dev, kTestLayer, tables, q_heads, qd.as<float>(), out_plain.as<float>(), ws, op);
-    LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
-    const std::vector<float> plain = from_device(out_plain, q.size());
-    EXPECT_EQ(std::memcmp(plain.data(), got.data(), got.size() * 4), 0)
-        << "the L2 streaming window changes the bits";
-  }
+  DeviceDecodeOptions no_window = o;
+  no_window.l2_streaming = false;
+  EXPECT_EQ(std::memcmp(decode_with(no_window).data(), got.data(), got.size() * 4), 0)
+      << "the L2 streaming window changes the bits";
   // The fp16 output option: the same fp32 results, each rounded once.
   Buffer out16(q.size() * 2, Device::cuda);
   LOWBIT_CUDA_CHECK(cudaMemset(out16.data(), 0xFF, out16.size()));  // NaN
