@@ -89,12 +89,20 @@ TEST(Cli, UsageErrorsExitTwo) {
 
 // bench gemm's options are checked before anything needs a GPU: its help
 // names every strategy and the L2 eviction modes, and a bad mode is a usage
-// error that names the value.
+// error that names the value. Every GPU benchmark's help names the
+// environment switches.
 TEST(Cli, BenchGemmOptions) {
   const RunResult help = run_lowbit("bench gemm --help");
   EXPECT_EQ(help.exit_code, 0) << help.output;
   for (const char* word : {"--l2-flush", "write", "read", "gemv", "wgmma", "--gemv-splits", "--strategies"})
     EXPECT_NE(help.output.find(word), std::string::npos) << word << "\n" << help.output;
+  // The GPU benchmarks name the switches that turn their defaults off.
+  for (const char* command : {"bench gemm --help", "bench attention --help", "bench model --help"}) {
+    const RunResult h = run_lowbit(command);
+    EXPECT_EQ(h.exit_code, 0) << command << "\n" << h.output;
+    for (const char* word : {"LOWBIT_L2_STREAMING=0", "LOWBIT_PDL=0"})
+      EXPECT_NE(h.output.find(word), std::string::npos) << command << ": " << word << "\n" << h.output;
+  }
   const RunResult bad = run_lowbit("bench gemm --l2-flush sideways");
   EXPECT_EQ(bad.exit_code, 2) << bad.output;
   EXPECT_NE(bad.output.find("sideways"), std::string::npos) << bad.output;

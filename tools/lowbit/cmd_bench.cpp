@@ -17,6 +17,13 @@ void add_l2_flush_option(CLI::App& cmd, bool& flush_by_reading) {
       ->check(CLI::IsMember({"write", "read"}));
 }
 
+void add_gpu_environment_footer(CLI::App& cmd) {
+  cmd.footer(
+      "Environment: LOWBIT_L2_STREAMING=0 reads the 4-bit weights and the KV cache without the L2 streaming\n"
+      "windows that calls reading them once get by default; LOWBIT_PDL=0 launches without programmatic\n"
+      "dependent launch. Both are for measuring without them.");
+}
+
 void add_bench_command(CLI::App& app) {
   auto* bench = app.add_subcommand("bench", "Benchmarks on the GPU, each with its baseline timed in the same run");
   bench->require_subcommand(1);
@@ -86,6 +93,7 @@ void add_bench_command(CLI::App& app) {
                  "Also time, at M <= 64, a kernel that only reads as many bytes as the W4 weights and scales "
                  "(row read_floor): the most any W4A16 kernel could gain over cuBLAS under the same timing");
   add_l2_flush_option(*gemm, options.flush_by_reading);
+  add_gpu_environment_footer(*gemm);
   gemm->callback([] {
     options.dtype = dtype == "bf16" ? DType::bf16 : DType::f16;
     run_w4a16_gemm_benchmark(options);

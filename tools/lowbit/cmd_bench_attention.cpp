@@ -63,6 +63,7 @@ void add_bench_attention_command(CLI::App& bench) {
                 "(rows of at most 8 chunks)");
   cmd->add_option("--json", options.json_path, "Write one JSON row per measurement to this file");
   add_l2_flush_option(*cmd, options.flush_by_reading);
+  add_gpu_environment_footer(*cmd);
   cmd->callback([] {
     options.hadamard = rotation == "hadamard";
     run_kv_attention_benchmark(options);

@@ -62,6 +62,7 @@ void add_bench_model_command(CLI::App& bench) {
                   "After each decode and prefill measurement, time a few eager steps stage by stage (an event\n"
                   "after each GEMM, norm, attention...) and print where the step's time goes");
   model->add_option("--json", options.json_path, "Write one JSON row per measurement to this file");
+  add_gpu_environment_footer(*model);
   model->callback([] {
     if (!random_weights) {
       fail(ErrorKind::unsupported,

@@ -27,4 +27,9 @@ void add_bench_model_command(CLI::App& bench);
 // decode step finds). Sets flush_by_reading when the option is parsed.
 void add_l2_flush_option(CLI::App& cmd, bool& flush_by_reading);
 
+// The help footer of the GPU benchmarks: the environment switches that turn
+// off what their kernels use by default (LOWBIT_L2_STREAMING, LOWBIT_PDL), to
+// measure without it.
+void add_gpu_environment_footer(CLI::App& cmd);
+
 }  // namespace lowbit::cli
