@@ -63,7 +63,8 @@ void read_device_buffer(const void* data, size_t bytes, unsigned* sink, cudaStre
     config.attrs = &window;
     config.numAttrs = 1;
   }
-  LOWBIT_CUDA_CHECK(cudaLaunchKernelEx(&config, read_buffer_kernel, static_cast<const uint4*>(data), bytes / 16, sink));
+  LOWBIT_CUDA_CHECK(
+      cudaLaunchKernelEx(&config, read_buffer_kernel, static_cast<const uint4*>(data), bytes / 16, sink));
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
 

@@ -47,17 +47,15 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 // later, and LOWBIT_PDL is not "0". Cached per device.
 bool pdl_enabled();
 
-// cluster_x > 0: the grid runs in clusters of cluster_x x 1 x 1 CTAs (sm_90;
-// grid.x a multiple of cluster_x).
 // A span that a kernel reads once and no kernel after it reads soon (a
 // decode step's 4-bit weights, a KV cache pool): given to the launch as an L2
 // access-policy window whose accesses are "streaming", the lines L2 evicts
 // first. Why: a decode step streams far more bytes than L2 holds (a
-// Qwen3-14B layer's weights are ~170 MB, L2 50 MB), and with normal
-// eviction the stream pushes out what the next kernels read again (the
-// activations, the split-K partials and counters, the KV pages just
-// appended) and, after writes, makes every line it brings in write back a
-// dirty one first. bytes == 0: no window.
+// Qwen3-14B layer's weights are ~170 MB, L2 50 MB). With normal eviction the
+// stream pushes out what the next kernels read again (the activations, the
+// split-K partials and counters, the KV pages just appended: our reading of
+// the 1.8% a decode step gained, docs/engine.md v24), and a line it brings in
+// may first have to write back a dirty one. bytes == 0: no window.
 struct L2StreamSpan {
   const void* base = nullptr;
   size_t bytes = 0;
@@ -70,6 +68,9 @@ struct L2StreamSpan {
 // does for programmatic dependent launch).
 cudaAccessPolicyWindow l2_streaming_window(L2StreamSpan span);
 
+// cluster_x > 0: the grid runs in clusters of cluster_x x 1 x 1 CTAs (sm_90;
+// grid.x a multiple of cluster_x). stream_span: an L2 streaming window over
+// it (l2_streaming_window), or none.
 template <typename... Params, typename... Args>
 void launch_with_pdl_in_clusters(void (*kernel)(Params...), int cluster_x, L2StreamSpan stream_span,
                                  dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
