@@ -97,9 +97,24 @@ JsonRowsWriter::JsonRowsWriter(const std::string& path, bool append)
   if (!out_) fail(ErrorKind::io, "cannot open benchmark output file '", path, "' for writing");
 }
 
-void JsonRowsWriter::write(const BenchRow& row) { write(to_ordered_json(row)); }
+void JsonRowsWriter::write(const BenchRow& row) {
+  if (run_fields_.empty()) return write_line(to_ordered_json(row));
+  BenchRow with_run = row;
+  with_run.extra.insert(with_run.extra.end(), run_fields_.begin(), run_fields_.end());
+  write_line(to_ordered_json(with_run));  // checks the run fields' names against the row's
+}
 
 void JsonRowsWriter::write(const nlohmann::ordered_json& object) {
+  if (run_fields_.empty() || !object.is_object()) return write_line(object);
+  nlohmann::ordered_json with_run = object;
+  for (const auto& [name, value] : run_fields_) {
+    if (with_run.contains(name)) fail_argument("run field name", name, "a name the row does not use itself");
+    with_run[name] = value;
+  }
+  write_line(with_run);
+}
+
+void JsonRowsWriter::write_line(const nlohmann::ordered_json& object) {
   out_ << object.dump() << '\n';
   out_.flush();
   if (!out_) fail(ErrorKind::io, "cannot write to benchmark output file '", path_, "'");

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -12,6 +13,7 @@
 #include "lowbit/core/tensor.h"
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/device_attribute.h"
+#include "lowbit/cuda/launch_switches.h"
 #include "lowbit/cuda/pdl.cuh"
 #include "lowbit/cuda/random.h"
 #include "lowbit/cuda/timer.h"
@@ -164,22 +166,45 @@ bool pdl_enabled() {
   return slot.load(std::memory_order_relaxed) == 2;
 }
 
-cudaAccessPolicyWindow l2_streaming_window(L2StreamSpan span) {
-  static const bool disabled_by_env = [] {
+namespace {
+
+bool l2_streaming_disabled_by_env() {
+  static const bool disabled = [] {
     const char* v = std::getenv("LOWBIT_L2_STREAMING");
     return v != nullptr && std::string(v) == "0";
   }();
-  cudaAccessPolicyWindow w{};
-  if (span.base == nullptr || span.bytes == 0 || disabled_by_env) return w;
+  return disabled;
+}
+
+size_t largest_l2_window() {
   int device = 0;
   LOWBIT_CUDA_CHECK(cudaGetDevice(&device));
-  const size_t largest = static_cast<size_t>(device_attribute(cudaDevAttrMaxAccessPolicyWindowSize, device));
+  return static_cast<size_t>(device_attribute(cudaDevAttrMaxAccessPolicyWindowSize, device));
+}
+
+}  // namespace
+
+cudaAccessPolicyWindow l2_streaming_window(L2StreamSpan span) {
+  cudaAccessPolicyWindow w{};
+  if (span.base == nullptr || span.bytes == 0 || l2_streaming_disabled_by_env()) return w;
   w.base_ptr = const_cast<void*>(span.base);
-  w.num_bytes = std::min(span.bytes, largest);
+  w.num_bytes = std::min(span.bytes, largest_l2_window());
   w.hitRatio = 1.0f;
   w.hitProp = cudaAccessPropertyStreaming;
   w.missProp = cudaAccessPropertyStreaming;
   return w;
+}
+
+LaunchSwitches launch_switches() {
+  return {!l2_streaming_disabled_by_env() && largest_l2_window() > 0, pdl_enabled()};
+}
+
+void announce_launch_switches(bench::JsonRowsWriter* json) {
+  const LaunchSwitches s = launch_switches();
+  std::printf("launch switches: L2 streaming windows %s (LOWBIT_L2_STREAMING), programmatic dependent launch %s "
+              "(LOWBIT_PDL)\n",
+              s.l2_streaming ? "on" : "off", s.pdl ? "on" : "off");
+  if (json != nullptr) json->set_run_fields({{"l2_streaming", s.l2_streaming}, {"pdl", s.pdl}});
 }
 
 }  // namespace lowbit::cuda

@@ -28,6 +28,7 @@
 #include "lowbit/core/error.h"
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/device.h"
+#include "lowbit/cuda/launch_switches.h"
 #include "lowbit/cuda/random.h"
 #include "lowbit/cuda/timer.h"
 #include "lowbit/kv/device_cache.h"
@@ -159,6 +160,7 @@ void run_kv_attention_benchmark(const KvAttentionBenchOptions& options) {
               kKvHeads, kHeadDim, options.page_size, options.hadamard ? "Hadamard" : "Haar");
   std::unique_ptr<bench::JsonRowsWriter> json;
   if (!options.json_path.empty()) json = std::make_unique<bench::JsonRowsWriter>(options.json_path);
+  cuda::announce_launch_switches(json.get());
   cuda::CudaTimerOptions timer;
   timer.reps = options.reps;
   timer.warmup = 10;

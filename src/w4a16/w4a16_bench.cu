@@ -21,6 +21,7 @@
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/cublas_gemm.h"
 #include "lowbit/cuda/device.h"
+#include "lowbit/cuda/launch_switches.h"
 #include "lowbit/cuda/random.h"
 #include "lowbit/cuda/timer.h"
 #include "lowbit/w4a16/w4a16_gemm.h"
@@ -58,6 +59,7 @@ void run_w4a16_gemm_benchmark(const W4A16BenchOptions& options) {
               options.flush_by_reading ? "reading a buffer (clean lines)" : "writing a buffer (dirty lines)");
   std::unique_ptr<bench::JsonRowsWriter> json;
   if (!options.json_path.empty()) json = std::make_unique<bench::JsonRowsWriter>(options.json_path);
+  cuda::announce_launch_switches(json.get());
 
   cuda::CublasHandle cublas;
   W4A16Workspace workspace;

@@ -151,6 +151,37 @@ TEST(JsonRows, WriterWritesOneObjectPerLine) {
   std::filesystem::remove(path);
 }
 
+// JsonRowsWriter::set_run_fields: every row written after it carries the
+// fields after its own (rows and plain objects alike); a row with a field of
+// the same name is refused and nothing of it is written.
+TEST(JsonRows, WriterAddsTheRunFieldsToEveryRow) {
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("lowbit_test_run_fields_" +
+                     std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + ".jsonl");
+  {
+    JsonRowsWriter writer(path.string());
+    writer.write(gemm_row(1, 20.0));
+    writer.set_run_fields({{"l2_streaming", true}, {"pdl", false}});
+    writer.write(gemm_row(16, 22.0));
+    writer.write(nlohmann::ordered_json{{"suite", "summary"}, {"x", 1}});
+    BenchRow clash = gemm_row(64, 30.0);
+    clash.extra.push_back({"pdl", true});
+    EXPECT_THROW(writer.write(clash), Error);
+    EXPECT_THROW(writer.write(nlohmann::ordered_json{{"l2_streaming", false}}), Error);
+  }
+  std::ifstream in(path);
+  std::vector<nlohmann::json> rows;
+  for (std::string line; std::getline(in, line);) rows.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_FALSE(rows[0].contains("l2_streaming"));
+  EXPECT_EQ(rows[1]["M"], 16);
+  EXPECT_EQ(rows[1]["l2_streaming"], true);
+  EXPECT_EQ(rows[1]["pdl"], false);
+  EXPECT_EQ(rows[2]["suite"], "summary");
+  EXPECT_EQ(rows[2]["l2_streaming"], true);
+  std::filesystem::remove(path);
+}
+
 TEST(JsonRows, WriterOnBadPathIsIoError) {
   try {
     JsonRowsWriter writer("/nonexistent-dir-lowbit/x.jsonl");

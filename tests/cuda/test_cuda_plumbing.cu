@@ -26,6 +26,7 @@
 #include "lowbit/cuda/device.h"
 #include "lowbit/cuda/device_attribute.h"
 #include "lowbit/cuda/kernel_smem.h"
+#include "lowbit/cuda/launch_switches.h"
 #include "lowbit/cuda/pdl.cuh"
 #include "lowbit/cuda/random.h"
 #include "lowbit/cuda/timer.h"
@@ -244,7 +245,8 @@ TEST(CudaDeviceAttribute, CachedValuesAreTheRuntimesFromManyThreads) {
 // cuda::l2_streaming_window: streaming hits and misses over the span, clipped
 // to the device's largest window, none for an empty span; and a launch with
 // such a window (through launch_with_pdl_in_clusters, as the W4A16 and
-// attention kernels take it, and read_device_buffer's) runs.
+// attention kernels take it, and read_device_buffer's) runs; launch_switches
+// reports the windows as on unless LOWBIT_L2_STREAMING=0.
 TEST(CudaL2Streaming, WindowIsClippedToTheDeviceLimitAndALaunchTakesIt) {
   LOWBIT_REQUIRE_GPU();
   const char* env = std::getenv("LOWBIT_L2_STREAMING");
@@ -266,6 +268,8 @@ TEST(CudaL2Streaming, WindowIsClippedToTheDeviceLimitAndALaunchTakesIt) {
     // Only the window's extent is clipped; nothing is read through it here.
     EXPECT_EQ(cuda::l2_streaming_window({buf.data(), largest + 4096}).num_bytes, largest);
   }
+  EXPECT_EQ(cuda::launch_switches().l2_streaming, !disabled);
+  EXPECT_EQ(cuda::launch_switches().pdl, cuda::pdl_enabled());
   EXPECT_EQ(cuda::l2_streaming_window({buf.data(), 0}).num_bytes, 0u);
   EXPECT_EQ(cuda::l2_streaming_window({nullptr, buf.size()}).num_bytes, 0u);
   int* flag = buf.as<int>();

@@ -45,13 +45,20 @@ nlohmann::json to_json(const BenchRow& row);                  // same content, k
 class JsonRowsWriter {
  public:
   explicit JsonRowsWriter(const std::string& path, bool append = false);
+  // Fields every row written from now on carries after its own: the run's
+  // settings that move every timing (e.g. the GPU launch switches). A row
+  // that already has a field of that name is refused with
+  // Error(invalid_argument), as a repeated name within a row is.
+  void set_run_fields(std::vector<JsonField> fields) { run_fields_ = std::move(fields); }
   void write(const BenchRow& row);
   void write(const nlohmann::ordered_json& object);
   const std::string& path() const { return path_; }
 
  private:
+  void write_line(const nlohmann::ordered_json& object);
   std::string path_;
   std::ofstream out_;
+  std::vector<JsonField> run_fields_;
 };
 
 // An aligned text table with one line per row and a header: suite, impl, the

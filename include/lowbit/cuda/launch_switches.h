@@ -1,0 +1,23 @@
+// The launch switches a process runs its kernels with: the L2 streaming
+// windows (LOWBIT_L2_STREAMING, lowbit/cuda/pdl.cuh) and programmatic
+// dependent launch (LOWBIT_PDL). Both move the timings, so the GPU
+// benchmarks print them and record them in every JSON row.
+#pragma once
+
+#include "lowbit/bench/json_rows.h"
+
+namespace lowbit::cuda {
+
+struct LaunchSwitches {
+  bool l2_streaming;  // LOWBIT_L2_STREAMING is not "0" and the device has access-policy windows
+  bool pdl;           // pdl_enabled()
+};
+
+// For the current device.
+LaunchSwitches launch_switches();
+
+// Prints "launch switches: ..." on one line and makes `json` (when not null)
+// add "l2_streaming" and "pdl" to every row it writes from now on.
+void announce_launch_switches(bench::JsonRowsWriter* json);
+
+}  // namespace lowbit::cuda
