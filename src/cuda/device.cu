@@ -149,13 +149,21 @@ int device_attribute(cudaDeviceAttr attr, int device) {
   return value;
 }
 
+namespace {
+
+// Whether the environment variable `name` is "0": the switches that turn a
+// default of the launches off, to measure without it.
+bool switched_off_by_env(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::string(v) == "0";
+}
+
+}  // namespace
+
 bool pdl_enabled() {
   // Atomic slots: host threads may fill them at once (with the same value).
   static std::atomic<int> cached[64] = {};  // 0 unknown, 1 off, 2 on
-  static const bool disabled_by_env = [] {
-    const char* v = std::getenv("LOWBIT_PDL");
-    return v != nullptr && std::string(v) == "0";
-  }();
+  static const bool disabled_by_env = switched_off_by_env("LOWBIT_PDL");
   int device = 0;
   LOWBIT_CUDA_CHECK(cudaGetDevice(&device));
   std::atomic<int>& slot = cached[device & 63];
@@ -169,10 +177,7 @@ bool pdl_enabled() {
 namespace {
 
 bool l2_streaming_disabled_by_env() {
-  static const bool disabled = [] {
-    const char* v = std::getenv("LOWBIT_L2_STREAMING");
-    return v != nullptr && std::string(v) == "0";
-  }();
+  static const bool disabled = switched_off_by_env("LOWBIT_L2_STREAMING");
   return disabled;
 }
 

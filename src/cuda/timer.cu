@@ -57,9 +57,7 @@ void read_device_buffer(const void* data, size_t bytes, unsigned* sink, cudaStre
   config.blockDim = dim3(256);
   config.stream = stream;
   cudaLaunchAttribute window{};
-  window.id = cudaLaunchAttributeAccessPolicyWindow;
-  window.val.accessPolicyWindow = l2_streaming_window({data, l2_streaming ? bytes : 0});
-  if (window.val.accessPolicyWindow.num_bytes > 0) {
+  if (l2_streaming_attribute({data, l2_streaming ? bytes : 0}, window)) {
     config.attrs = &window;
     config.numAttrs = 1;
   }

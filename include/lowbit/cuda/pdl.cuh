@@ -68,6 +68,16 @@ struct L2StreamSpan {
 // does for programmatic dependent launch).
 cudaAccessPolicyWindow l2_streaming_window(L2StreamSpan span);
 
+// Fills `attribute` with the span's window and returns true, or returns false
+// where there is no window to give (see l2_streaming_window).
+inline bool l2_streaming_attribute(L2StreamSpan span, cudaLaunchAttribute& attribute) {
+  const cudaAccessPolicyWindow window = l2_streaming_window(span);
+  if (window.num_bytes == 0) return false;
+  attribute.id = cudaLaunchAttributeAccessPolicyWindow;
+  attribute.val.accessPolicyWindow = window;
+  return true;
+}
+
 // cluster_x > 0: the grid runs in clusters of cluster_x x 1 x 1 CTAs (sm_90;
 // grid.x a multiple of cluster_x). stream_span: an L2 streaming window over
 // it (l2_streaming_window), or none.
@@ -81,14 +91,7 @@ void launch_with_pdl_in_clusters(void (*kernel)(Params...), int cluster_x, L2Str
   config.stream = stream;
   cudaLaunchAttribute attributes[3]{};
   unsigned n = 0;
-  if (stream_span.bytes > 0) {
-    const cudaAccessPolicyWindow window = l2_streaming_window(stream_span);
-    if (window.num_bytes > 0) {
-      attributes[n].id = cudaLaunchAttributeAccessPolicyWindow;
-      attributes[n].val.accessPolicyWindow = window;
-      ++n;
-    }
-  }
+  if (l2_streaming_attribute(stream_span, attributes[n])) ++n;
   if (pdl_enabled()) {
     attributes[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attributes[n].val.programmaticStreamSerializationAllowed = 1;

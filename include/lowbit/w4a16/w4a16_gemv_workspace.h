@@ -22,6 +22,8 @@ inline constexpr int gemv_col_blocks(int N_pad) { return (N_pad + kGemvBlockColu
 // every split's rows. Where N_pad is an odd multiple of 64, the upper 64
 // columns of the last block run into the next row's partials, and after row 8
 // of the last split past the partials. Their sums are never written to y.
+// (Skipping those loads instead, by testing the column against N_pad in the
+// load predicate, cost a decode step 0.9%: docs/w4a16-gemm.md v24.)
 inline constexpr size_t kGemvPartialSlackFloats = kGemvBlockColumns / 2;
 
 // The partials: [split][kGemvRowsPerPass rows][N_pad] fp32, then the slack.
