@@ -152,6 +152,21 @@ struct OutputArgs {
   int N, N_pad, split_k, split, m0, rows, smem_bytes;
 };
 
+// A CTA's split-K partials: rows < rows of each warp's 16 columns into its
+// split's rows (`stride` floats apart, w4a16_gemv_workspace.h). Every warp
+// stores, those past N_pad too (they computed on the last strip), so that
+// every partial the last CTA of the block loads was stored in this call.
+// acc[e]: column 16 * warp + g (e < 2) or + 8 of the block, row 2t + (e & 1).
+__device__ __forceinline__ void store_partials(float* mine, int64_t stride, int rows, const float (&acc)[4]) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int col0 = (blockIdx.x * kWarps + threadIdx.x / 32) * 16 + g;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int row = 2 * t + (e & 1), col = e < 2 ? col0 : col0 + 8;
+    if (row < rows) __stcg(mine + static_cast<int64_t>(row) * stride + col, acc[e]);
+  }
+}
+
 // The fused epilogues below (out of line: inlined into the kernel, their
 // code changed the register allocation of its k-loop, e.g. 8 more
 // instructions per k-iteration, two of them constant loads) start from the
@@ -198,8 +213,8 @@ __device__ __forceinline__ void fused_epilogue(const OutputArgs& a, const float 
   // A copy of the plain kernel's split-K sum (see there), with the
   // epilogue's 4 KB beside the partials. The plain kernel calling one shared
   // function instead changed its k-loop (149 SASS instructions, not 139).
-  float* mine = a.partial + (static_cast<int64_t>(a.split) * kGemvRowsPerPass) * a.N_pad;
-  for_each_output([&](int row, int col, float v) { __stcg(mine + static_cast<int64_t>(row) * a.N_pad + col, v); });
+  const int64_t stride = static_cast<int64_t>(gemv_partial_row_floats(a.N_pad));
+  store_partials(a.partial + a.split * kGemvRowsPerPass * stride, stride, rows, acc);
   __syncthreads();
   int* counter = a.counters + blockIdx.x;
   if (tid == 0) last_cta = atomic_add_acq_rel_gpu(counter, 1) == a.split_k - 1;
@@ -214,7 +229,7 @@ __device__ __forceinline__ void fused_epilogue(const OutputArgs& a, const float 
       for (int u = 0; u < 4; ++u) {
         const int i = base + u * kThreads + tid;
         const int e = e0 + i % n, row = e / kCols;
-        v[u] = i < total ? __ldcg(a.partial + (static_cast<int64_t>(i / n) * kGemvRowsPerPass + row) * a.N_pad +
+        v[u] = i < total ? __ldcg(a.partial + (static_cast<int64_t>(i / n) * kGemvRowsPerPass + row) * stride +
                                   block_col + e % kCols)
                          : 0.0f;
       }
@@ -706,11 +721,12 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
   const int block_col = blockIdx.x * kCols;
   const int elements = rows * kCols;  // [row][column of the block]
   float* red = reinterpret_cast<float*>(smem);
-  // Through global memory: partials [split][row][N_pad], a counter per block;
+  // Through global memory: partials [split][row][column] (whole column
+  // blocks, w4a16_gemv_workspace.h), a counter per block;
   // the last CTA to arrive loads every partial of the block at once (one round
   // of loads, as many in flight as the CTA has threads) and sums in order.
-  float* mine = args.partial + (static_cast<int64_t>(split) * kGemvRowsPerPass) * args.N_pad;
-  for_each_output([&](int row, int col, float v) { __stcg(mine + static_cast<int64_t>(row) * args.N_pad + col, v); });
+  const int64_t stride = static_cast<int64_t>(gemv_partial_row_floats(args.N_pad));
+  store_partials(args.partial + split * kGemvRowsPerPass * stride, stride, rows, acc);
   __syncthreads();  // every thread's partials are stored before thread 0's release
   int* counter = args.counters + blockIdx.x;
   if (tid == 0) last_cta = atomic_add_acq_rel_gpu(counter, 1) == args.split_k - 1;
@@ -725,7 +741,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
       for (int u = 0; u < 4; ++u) {
         const int i = base + u * kThreads + tid;
         const int e = e0 + i % n, row = e / kCols;
-        v[u] = i < total ? __ldcg(args.partial + (static_cast<int64_t>(i / n) * kGemvRowsPerPass + row) * args.N_pad +
+        v[u] = i < total ? __ldcg(args.partial + (static_cast<int64_t>(i / n) * kGemvRowsPerPass + row) * stride +
                                   block_col + e % kCols)
                          : 0.0f;
       }

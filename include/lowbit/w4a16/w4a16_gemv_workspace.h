@@ -17,18 +17,21 @@ inline constexpr int kGemvBlockColumns = 128;
 // and 64 that no warp computes.
 inline constexpr int gemv_col_blocks(int N_pad) { return (N_pad + kGemvBlockColumns - 1) / kGemvBlockColumns; }
 
-// After the partials, the last block's sum may read this many floats more.
-// The last CTA of a column block loads all kGemvBlockColumns columns of
-// every split's rows. Where N_pad is an odd multiple of 64, the upper 64
-// columns of the last block run into the next row's partials, and after row 8
-// of the last split past the partials. Their sums are never written to y.
-// (Skipping those loads instead, by testing the column against N_pad in the
-// load predicate, cost a decode step 0.9%: docs/w4a16-gemm.md v24.)
-inline constexpr size_t kGemvPartialSlackFloats = kGemvBlockColumns / 2;
-
-// The partials: [split][kGemvRowsPerPass rows][N_pad] fp32, then the slack.
+// The partials: [split][kGemvRowsPerPass rows][row of
+// gemv_partial_row_floats(N_pad)] fp32. A row holds whole column blocks:
+// N_pad is a multiple of 64, so the last block may hold 64 columns that are
+// past N_pad; its warps for them store too (they computed on the last real
+// strip, and nothing reads those sums into y), and the last CTA of a block
+// loads all of its kGemvBlockColumns columns, each of them stored. (Until
+// v25 rows were N_pad floats apart: those loads then read the next row's
+// partials, values nobody had stored for this call, which compute-sanitizer
+// initcheck reported, and ran 64 floats past the partials, which a slack
+// covered. Skipping them by a load predicate instead cost a decode step 0.9%.)
+inline constexpr size_t gemv_partial_row_floats(int N_pad) {
+  return static_cast<size_t>(gemv_col_blocks(N_pad)) * kGemvBlockColumns;
+}
 inline constexpr size_t gemv_partial_floats(int split_k, int N_pad) {
-  return static_cast<size_t>(split_k) * kGemvRowsPerPass * static_cast<size_t>(N_pad) + kGemvPartialSlackFloats;
+  return static_cast<size_t>(split_k) * kGemvRowsPerPass * gemv_partial_row_floats(N_pad);
 }
 
 }  // namespace lowbit::w4a16_detail
