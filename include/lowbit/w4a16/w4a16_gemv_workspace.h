@@ -14,7 +14,8 @@ inline constexpr int kGemvBlockColumns = 128;
 
 // Column blocks of the grid (one CTA each per K split). N_pad is a multiple
 // of 64 (w4a16_padded_n), so the last block may hold 64 columns of the layer
-// and 64 that no warp computes.
+// and 64 past N_pad, whose warps compute on the last strip and store nothing
+// into y.
 inline constexpr int gemv_col_blocks(int N_pad) { return (N_pad + kGemvBlockColumns - 1) / kGemvBlockColumns; }
 
 // The partials: [split][kGemvRowsPerPass rows][row of
