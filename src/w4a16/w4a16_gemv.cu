@@ -103,7 +103,9 @@ struct GemvSmem {
   __host__ __device__ int x_offset() const { return ring_codes_bytes() + ring_scales_bytes(); }
   __host__ __device__ int sums_offset() const { return x_offset() + rows * range * 128; }
   __host__ __device__ int window_sums_offset() const { return sums_offset() + rows * range * 16; }
-  __host__ __device__ int bytes() const { return window_sums_offset() + rows * range * 16; }
+  // W4A16Options::x_norm_weight: 1 / rms of each row of the pass.
+  __host__ __device__ int x_inv_rms_offset() const { return window_sums_offset() + rows * range * 16; }
+  __host__ __device__ int bytes() const { return x_inv_rms_offset() + kGemvRowsPerPass * 4; }
 };
 
 // The scale/zero words: 4-byte copies (cp.async.cg, which the weights use
@@ -152,6 +154,15 @@ struct OutputArgs {
   int N, N_pad, split_k, split, m0, rows, smem_bytes;
 };
 
+// The split-K count (atomic_add_acq_rel_gpu, by thread 0 once every thread's
+// partials are stored) and its answer to every thread through the barrier
+// itself: whether this CTA is the block's last. No __shared__ flag: static
+// shared memory moved the dynamic shared memory of the decode attention
+// kernel and cost it 7-10% (docs/kv-cache.md, v26).
+__device__ __forceinline__ bool last_to_arrive(int* counter, int ctas) {
+  return __syncthreads_or(threadIdx.x == 0 && atomic_add_acq_rel_gpu(counter, 1) == ctas - 1);
+}
+
 // A CTA's split-K partials: rows < rows of each warp's 16 columns into its
 // split's rows (`stride` floats apart, w4a16_gemv_workspace.h). Every warp
 // stores, those past N_pad too (they computed on the last strip), so that
@@ -185,7 +196,6 @@ template <typename Early, typename Finish, typename Done>
 __device__ __forceinline__ void fused_epilogue(const OutputArgs& a, const float (&acc)[4], Early&& early,
                                                Finish&& finish, Done&& done) {
   extern __shared__ __align__(16) unsigned char smem[];
-  __shared__ int last_cta;
   constexpr int kCols = kWarps * 16;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, t = lane % 4;
   const int strips = a.N_pad / 16, strip_raw = blockIdx.x * kWarps + warp;
@@ -217,9 +227,7 @@ __device__ __forceinline__ void fused_epilogue(const OutputArgs& a, const float 
   store_partials(a.partial + a.split * kGemvRowsPerPass * stride, stride, rows, acc);
   __syncthreads();
   int* counter = a.counters + blockIdx.x;
-  if (tid == 0) last_cta = atomic_add_acq_rel_gpu(counter, 1) == a.split_k - 1;
-  __syncthreads();
-  if (!last_cta) return;
+  if (!last_to_arrive(counter, a.split_k)) return;
   const int chunk = max(1, (a.smem_bytes / 4 - kEpilogueFloats) / a.split_k);
   for (int e0 = 0; e0 < elements; e0 += chunk) {
     const int n = min(chunk, elements - e0), total = n * a.split_k;
@@ -448,8 +456,6 @@ template <typename T, bool kFloatZero, bool kTwoGroups, GemvIo kIo>
 __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
     w4a16_gemv_kernel(const __grid_constant__ GemvArgs args, const int m0, const int range_max) {
   extern __shared__ __align__(16) unsigned char smem[];
-  __shared__ int last_cta;
-  __shared__ float x_inv_rms[kGemvRowsPerPass];  // W4A16Options::x_norm_weight: 1 / rms of each row
   constexpr int kScaleWords = kTwoGroups ? 4 : 2;
   const GemvSmem layout{kScaleWords, min(kGemvRowsPerPass, args.M - m0), range_max};
   const int rows = layout.rows;
@@ -468,6 +474,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
   uint32_t* xs = reinterpret_cast<uint32_t*>(smem + layout.x_offset());
   float4* sums = reinterpret_cast<float4*>(smem + layout.sums_offset());
   float4* window_sums = reinterpret_cast<float4*>(smem + layout.window_sums_offset());
+  float* x_inv_rms = reinterpret_cast<float*>(smem + layout.x_inv_rms_offset());
   const int fold_shift = kTwoGroups ? 0 : (args.group_shift < 0 ? kFoldShiftMax : min(kFoldShiftMax, args.group_shift - 6));
   const int fold_mask = (1 << fold_shift) - 1;
   // Whether k-iteration `it` ends a fold window (so its ring slot carries scales).
@@ -729,9 +736,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
   store_partials(args.partial + split * kGemvRowsPerPass * stride, stride, rows, acc);
   __syncthreads();  // every thread's partials are stored before thread 0's release
   int* counter = args.counters + blockIdx.x;
-  if (tid == 0) last_cta = atomic_add_acq_rel_gpu(counter, 1) == args.split_k - 1;
-  __syncthreads();
-  if (!last_cta) return;
+  if (!last_to_arrive(counter, args.split_k)) return;
   const int chunk = max(1, (layout.bytes() / 4) / args.split_k);  // elements per round that fit in shared memory
   for (int e0 = 0; e0 < elements; e0 += chunk) {
     const int n = min(chunk, elements - e0), total = n * args.split_k;
