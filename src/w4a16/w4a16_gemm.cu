@@ -594,9 +594,15 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
     // Without sm_90a: the fused mma.sync kernel up to 64 rows, then the
     // decoupled GEMM (cheaper than re-reading the weights every 64 rows).
     // The H100 measurements behind this: docs/w4a16-gemm.md.
-    // The gemv strategy is not chosen: on the H100 it beats wgmma only on the
-    // widest layers at M = 1 (docs/w4a16-gemm.md, "v7").
-    if (w4a16_wgmma_available(w.device())) {
+    // At one row on sm_90a, the gemv kernel: since it has no static shared
+    // memory (v26) it beats wgmma on all nine benchmark shapes at M = 1
+    // (geometric mean 2.42x cuBLAS at split 4 or 8 against 2.22x; before,
+    // 2.17-2.19x against 2.24x, docs/w4a16-gemm.md "v7", "v13", "v26").
+    // Two to eight rows keep wgmma: the gemv fold and x staging grow with
+    // the rows (not measured since).
+    if (w4a16_wgmma_available(w.device()) && M == 1) {
+      plan.strategy = W4A16Strategy::gemv;
+    } else if (w4a16_wgmma_available(w.device())) {
       plan.strategy = W4A16Strategy::wgmma;
       if (M > 512) {
         const int rows = w4a16_detail::wgmma_rows_per_tile(M);
@@ -626,8 +632,7 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
     const int least = w4a16_detail::gemv_min_split(M, iters, w.device());
     const int choice = options.split_k > 0
                            ? options.split_k
-                           : w4a16_detail::gemv_choose_split(M, static_cast<int>(w.N_padded()), iters,
-                                                             w.group_size() == 32, w.device());
+                           : w4a16_detail::gemv_choose_split(static_cast<int>(w.N_padded()), iters, w.device());
     plan.split_k = std::clamp(choice, least, std::max(least, iters));
     return plan;
   }

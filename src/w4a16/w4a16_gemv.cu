@@ -62,6 +62,7 @@
 #include "lowbit/kv/hadamard_warp.cuh"
 #include "lowbit/ops/head_math.cuh"
 #include "lowbit/ops/silu.cuh"
+#include "lowbit/w4a16/w4a16_tune_rule.h"
 #include "w4a16_device.cuh"
 #include "w4a16_gemv.h"
 
@@ -773,9 +774,10 @@ int smem_for(int M, int iters, int split, bool two_groups) {
 }
 
 struct DeviceLimits {
-  int sms = 0, smem_per_sm = 0, smem_per_cta = 0, max_ctas_by_regs = 0;
+  int sms = 0, smem_per_cta = 0;
 };
-// Per device, queried once: what the split choice needs to count resident CTAs.
+// Per device, queried once: the SM count (the split rule) and the dynamic
+// shared memory a CTA may take (the least split).
 const DeviceLimits& device_limits(int device) {
   static std::mutex mutex;
   static std::map<int, DeviceLimits> cache;
@@ -784,20 +786,8 @@ const DeviceLimits& device_limits(int device) {
   if (it != cache.end()) return it->second;
   DeviceLimits l;
   LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&l.sms, cudaDevAttrMultiProcessorCount, device));
-  LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&l.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
   LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&l.smem_per_cta, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  cudaFuncAttributes attr{};
-  LOWBIT_CUDA_CHECK(cudaFuncGetAttributes(&attr, w4a16_gemv_kernel<half, false, false, GemvIo::plain>));
-  // Dynamic shared memory may take what the static part (the last-CTA flag) leaves.
-  l.smem_per_cta -= static_cast<int>((attr.sharedSizeBytes + 127) / 128 * 128);
-  const int regs_per_warp = (attr.numRegs + 7) / 8 * 8 * 32;
-  l.max_ctas_by_regs = std::max(1, 65536 / (regs_per_warp * kWarps));
   return cache.emplace(device, l).first->second;
-}
-
-int resident_ctas_per_sm(const DeviceLimits& l, int smem) {
-  const int by_smem = l.smem_per_sm / (smem + 1024);  // 1 KB per CTA is reserved by the system
-  return std::max(1, std::min({l.max_ctas_by_regs, by_smem, 2048 / kThreads}));
 }
 
 template <typename T, bool kFloatZero, bool kTwoGroups, GemvIo kIo>
@@ -828,31 +818,12 @@ int gemv_min_split(int64_t M, int iters, int device) {
   return std::max(1, iters);
 }
 
-int gemv_choose_split(int64_t M, int N_pad, int iters, bool two_groups, int device) {
-  // The slowest SM sets the time: with CTAs of equal length, a grid of G
-  // CTAs over `slots` resident ones runs in ceil(G / slots) rounds, each the
-  // length of one CTA's range plus a fixed cost for filling its ring and
-  // summing its partials (kCtaOverheadIters, from the H100 runs). The split
-  // with the least total wins; ties go to the smaller split.
-  constexpr double kCtaOverheadIters = 4.0;
-  const DeviceLimits& l = device_limits(device);
-  const int rows = static_cast<int>(std::min<int64_t>(M, kGemvRowsPerPass));
-  const int64_t blocks = gemv_col_blocks(N_pad);
-  const int first = gemv_min_split(M, iters, device);
-  int best = first;
-  double best_cost = 1e300;
-  for (int s = first; s <= std::max(first, iters / 2); ++s) {
-    const int smem = smem_for(rows, iters, s, two_groups);
-    if (smem > l.smem_per_cta) continue;
-    const int64_t slots = static_cast<int64_t>(resident_ctas_per_sm(l, smem)) * l.sms;
-    const double rounds = std::ceil(static_cast<double>(blocks * s) / static_cast<double>(slots));
-    const double cost = rounds * ((iters + s - 1) / s + kCtaOverheadIters);
-    if (cost < best_cost - 1e-9) {
-      best_cost = cost;
-      best = s;
-    }
-  }
-  return best;
+int gemv_choose_split(int N_pad, int iters, int device) {
+  // gemv_split_rule (w4a16_tune_rule.h): ~16 k-iterations per CTA. It
+  // replaced a model of rounds of resident CTAs (each a range plus a fixed
+  // cost) that picked split 16 for 4096 x 4096 and 2 for Qwen3-14B's gate/up
+  // where 4-8 were best (docs/w4a16-gemm.md, v26).
+  return gemv_split_rule(iters, gemv_col_blocks(N_pad), device_limits(device).sms);
 }
 
 void launch_gemv(const GemvArgs& args, bool bf16, bool float_zero, int device, cudaStream_t stream) {

@@ -7,6 +7,18 @@
 
 namespace lowbit {
 
+int gemv_split_rule(int iters, int64_t col_blocks, int sms) {
+  LOWBIT_CHECK_ARG(iters >= 1, "iters", iters, "at least 1");
+  LOWBIT_CHECK_ARG(col_blocks >= 1, "col_blocks", col_blocks, "at least 1");
+  LOWBIT_CHECK_ARG(sms >= 1, "sms", sms, "at least 1");
+  int split = std::clamp((iters + 8) / 16, 1, 16);
+  if (2 * col_blocks * split < sms) {
+    const int64_t fill = (sms + col_blocks - 1) / col_blocks;
+    split = static_cast<int>(std::max<int64_t>(split, std::min<int64_t>(fill, std::max(1, iters / 4))));
+  }
+  return std::min(split, iters);
+}
+
 int choose_gemv_split(std::span<const TimedGemvSplit> timed, double margin) {
   LOWBIT_CHECK_ARG(!timed.empty(), "timed", "empty", "at least one timed split");
   LOWBIT_CHECK_ARG(margin >= 0.0 && margin < 1.0, "margin", margin, "in [0, 1)");

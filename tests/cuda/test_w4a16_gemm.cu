@@ -23,6 +23,7 @@
 #include "lowbit/ops/layer_ops_cuda.h"
 #include "lowbit/w4a16/w4a16_gemm.h"
 #include "lowbit/w4a16/w4a16_gemm_ref.h"
+#include "lowbit/w4a16/w4a16_tune_rule.h"
 #include "random_layers.h"
 #include "tolerances.h"
 
@@ -832,12 +833,17 @@ TEST(W4A16Gemm, WgmmaRunsOnComputeCapability9) {
     EXPECT_FALSE(w4a16_wgmma_available());
     return;
   }
-  // The default build compiles sm_90a; a Hopper device must get the wgmma path.
+  // The default build compiles sm_90a; a Hopper device must get the wgmma
+  // path from two rows up.
   EXPECT_TRUE(w4a16_wgmma_available());
   const auto layer = test::random_layer(256, 64, 64, ZeroKind::sym, 3);
   const W4A16Weights w = W4A16Weights::prepare(layer, DType::f16);
   EXPECT_EQ(w4a16_plan(256, w).strategy, W4A16Strategy::wgmma);
-  EXPECT_EQ(w4a16_plan(1, w).strategy, W4A16Strategy::wgmma);
+  EXPECT_EQ(w4a16_plan(2, w).strategy, W4A16Strategy::wgmma);
+  // One row: the gemv kernel, at the untimed split rule (gemv_split_rule).
+  const W4A16Plan one_row = w4a16_plan(1, w);
+  EXPECT_EQ(one_row.strategy, W4A16Strategy::gemv);
+  EXPECT_EQ(one_row.split_k, gemv_split_rule(4, 1, cuda_device_info(0).sm_count));
   // M > 512: wgmma when its 256-row tiles fill the waves of the device,
   // decoupled when they do not (here: 4 tiles).
   EXPECT_EQ(w4a16_plan(1024, w).strategy, W4A16Strategy::decoupled);

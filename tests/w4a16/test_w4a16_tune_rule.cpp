@@ -1,5 +1,6 @@
 // The rule w4a16_tune uses to pick among timed gemv K splits
-// (w4a16_tune_rule.h): a larger split only when it is clearly faster.
+// (w4a16_tune_rule.h): a larger split only when it is clearly faster; and
+// the split used untimed.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -42,6 +43,34 @@ TEST(W4A16TuneRule, RejectsEmptyListsAndBadSplits) {
   EXPECT_TRUE(test::throws_error(
       [] { choose_gemv_split(std::vector<TimedGemvSplit>{{1, 1.0}}, 1.5); }, ErrorKind::invalid_argument,
       "margin"));
+}
+
+// The untimed split (gemv_split_rule): ~16 k-iterations per CTA, at most
+// 16 ways, more for grids that would leave most SMs idle. The nine
+// benchmark shapes on an H100 (132 SMs) and the splits the M = 1 sweep
+// measured best or within 2% of the best (docs/w4a16-gemm.md, v26).
+TEST(W4A16TuneRule, UntimedSplitGivesAboutSixteenIterationsPerCta) {
+  struct Shape { int iters; int64_t blocks; int split; };
+  for (const Shape s : {Shape{64, 32, 4},      // 4096 x 4096 (split 4 best)
+                        Shape{128, 64, 8},     // 8192 x 8192 (8)
+                        Shape{256, 128, 16},   // 16384 x 16384 (16; 2-8 within 1%)
+                        Shape{80, 56, 5},      // Qwen3-14B qkv (4 and 8 measured)
+                        Shape{80, 272, 5},     // gate/up (4 and 8 tie)
+                        Shape{272, 40, 16},    // down (16)
+                        Shape{128, 448, 8},    // Llama-70B gate/up (8)
+                        Shape{448, 64, 16}}) { // Llama-70B down (16)
+    EXPECT_EQ(gemv_split_rule(s.iters, s.blocks, 132), s.split) << s.iters << " x " << s.blocks;
+  }
+  // A narrow layer: one 128-column block would be 4 CTAs; it takes up to an
+  // SM each while 4 k-iterations per CTA remain.
+  EXPECT_EQ(gemv_split_rule(64, 1, 132), 16);
+  EXPECT_EQ(gemv_split_rule(8, 1, 132), 2);
+  // Short K: never more parts than k-iterations.
+  EXPECT_EQ(gemv_split_rule(1, 1, 132), 1);
+  EXPECT_EQ(gemv_split_rule(3, 2, 132), 1);
+  EXPECT_TRUE(test::throws_error([] { gemv_split_rule(0, 1, 132); }, ErrorKind::invalid_argument, "iters"));
+  EXPECT_TRUE(test::throws_error([] { gemv_split_rule(8, 0, 132); }, ErrorKind::invalid_argument, "col_blocks"));
+  EXPECT_TRUE(test::throws_error([] { gemv_split_rule(8, 1, 0); }, ErrorKind::invalid_argument, "sms"));
 }
 
 }  // namespace
