@@ -137,8 +137,9 @@ TEST(CudaEngine, BatchedDecodeEqualsOneSequenceAtATime) {
     single->forward(std::vector<StepInput>{{sseq[i], prompts[i]}}, LogitsWanted::last, one);
     const std::vector<float> row(logits.begin() + static_cast<int64_t>(i) * model.config.vocab,
                                  logits.begin() + static_cast<int64_t>(i + 1) * model.config.vocab);
-    // Same kernels, but the GEMMs see different M: only summation order differs.
-    EXPECT_LE(max_rel_error(row, one), test::kCudaEngineBatchRelError) << "prompt " << i;
+    // The GEMMs see different M: other summation orders, and at one row
+    // another kernel (kCudaEngineAcrossRowCountsRelError).
+    EXPECT_LE(max_rel_error(row, one), test::kCudaEngineAcrossRowCountsRelError) << "prompt " << i;
   }
   // A decode step of all three at once against one at a time.
   const std::vector<int32_t> next = {4, 5, 6};
@@ -151,7 +152,7 @@ TEST(CudaEngine, BatchedDecodeEqualsOneSequenceAtATime) {
                     one);
     const std::vector<float> row(logits.begin() + static_cast<int64_t>(i) * model.config.vocab,
                                  logits.begin() + static_cast<int64_t>(i + 1) * model.config.vocab);
-    EXPECT_LE(max_rel_error(row, one), test::kCudaEngineBatchRelError) << "decode, sequence " << i;
+    EXPECT_LE(max_rel_error(row, one), test::kCudaEngineAcrossRowCountsRelError) << "decode, sequence " << i;
   }
 }
 
@@ -179,7 +180,7 @@ TEST(CudaEngine, PrefillBesideAnotherPromptEqualsAlone) {
       pair->forward(std::vector<StepInput>{{a, prompt}, {b, other}}, LogitsWanted::last, both);
       alone->forward(std::vector<StepInput>{{c, prompt}}, LogitsWanted::last, one);
       const std::vector<float> row(both.begin(), both.begin() + model.config.vocab);
-      EXPECT_LE(max_rel_error(row, one), test::kCudaEngineBatchRelError)
+      EXPECT_LE(max_rel_error(row, one), test::kCudaEngineAcrossRowCountsRelError)
           << kv_storage_name(storage) << " prompt of " << length << " tokens";
     }
 }
