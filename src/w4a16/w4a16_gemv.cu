@@ -36,16 +36,17 @@
 //   - Launched with programmatic dependent launch (lowbit/cuda/pdl.cuh): the
 //     first stages' weights and scales are requested before waiting for the
 //     previous kernel; x, y and the workspace only after.
-// Measured on the H100 (docs/w4a16-gemm.md, "v7"): at M = 1, with L2
+//   - No static shared memory: 16-48 bytes of it (a last-CTA flag, the
+//     rows' 1 / rms) ahead of the dynamic region cost a decode step 2.4% and
+//     single calls up to 5% (docs/w4a16-gemm.md, "v26").
+// Measured on the H100 (docs/w4a16-gemm.md, "v7", "v26"): at M = 1, with L2
 // evicted by writing (as the peers' anchors), it beats the wgmma kernel on
-// the widest layers (llama70-gateup 110.8 vs 119.1 us: 2.25 TB/s) and loses
-// on the others (geometric mean 2.05x cuBLAS against 2.19x); with clean L2
-// (a decode step's state) it wins on most Qwen3-14B layers at the right K
-// split, which w4a16_tune finds per shape. (Geometric mean 2.10x after the
-// fold windows.) From M = 4 its per-row fold and x
-// staging cost more than wgmma's 16-row tile. It replaced a bulk-copy
-// stream-K kernel (1.71x at M = 1), runs on sm_80, and `auto` does not
-// choose it.
+// all nine benchmark shapes since v26 (geometric mean 2.42x cuBLAS at split
+// 4 or 8 against 2.22x; until then 2.17-2.19x against 2.24x), so `auto`
+// takes it at one row, at gemv_split_rule's K split; w4a16_tune times the
+// splits per shape for the engine. From M = 4 its per-row fold and x staging
+// cost more than wgmma's 16-row tile (v7). It replaced a bulk-copy stream-K
+// kernel (1.71x at M = 1) and runs on sm_80.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

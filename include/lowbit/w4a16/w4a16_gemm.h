@@ -22,17 +22,17 @@
 //                          x tiles of 16..256 rows in shared memory, so one
 //                          weight read serves up to 256 rows (prefill); K split
 //                          with a deterministic reduction when the grid is small
-//   gemv                   decode, sm_90a only: a persistent grid (one CTA per
-//                          SM) streams 512-column x 64-row weight units in
-//                          equal contiguous ranges per CTA (stream-K), fed by
-//                          the copy engine through a 10-deep pipeline; the
-//                          weight codes are the mma.sync A operand and up to 8
-//                          rows of x its n columns, scales and zero points
-//                          applied once per group in fp32; tiles shared by
-//                          CTAs are summed in a fixed order; larger M runs in
-//                          passes of 8 rows. split_k: CTAs of the grid.
-//                          Slower than wgmma on the H100 except on the widest
-//                          layers: not chosen by automatic
+//   gemv                   decode, sm_80 and later: each thread streams its
+//                          own 16 bytes per 64-row k-iteration through a
+//                          cp.async ring in shared memory; the weight codes
+//                          are the mma.sync A operand and up to 8 rows of x
+//                          its n columns, scales and zero points applied once
+//                          per window of a group in fp32; K split over the
+//                          CTAs of each 128-column block (split_k), summed by
+//                          the block's last CTA in a fixed order; larger M
+//                          runs in passes of 8 rows. `automatic` takes it at
+//                          one row on sm_90a (faster than wgmma on every
+//                          benchmark shape there, docs/w4a16-gemm.md v26)
 //   automatic              chosen by M, N, K and the device's SM count
 #pragma once
 
