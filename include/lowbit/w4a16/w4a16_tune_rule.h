@@ -28,11 +28,13 @@ inline constexpr double kGemvSplitMargin = 0.03;
 // The gemv K split used untimed (`auto` at one row, and the gemv strategy
 // with split_k 0): about 16 k-iterations (1024 rows of K) per CTA, at most
 // 16 ways, and more where the grid would leave most SMs idle (fewer CTAs
-// than half of `sms`: up to `sms` CTAs, keeping 4 k-iterations per CTA). From the H100 M = 1 sweep of the
-// nine benchmark shapes (docs/w4a16-gemm.md, v26), where it is each
-// shape's best split or within 2% of it. iters: k-iterations of 64 rows;
-// col_blocks: the grid's 128-column blocks. Error(invalid_argument) for
-// iters, col_blocks or sms below 1.
+// than half of `sms`: up to `sms` CTAs, keeping 4 k-iterations per CTA).
+// From the H100 M = 1 sweeps of the nine benchmark shapes (docs/w4a16-gemm.md,
+// v26): the best measured split or within 3% of it on seven shapes; 7% off
+// on Qwen3-14B's qkv (split 4 best; the o projection, as many k-iterations,
+// wants 5). iters: k-iterations of 64 rows; col_blocks: the grid's
+// 128-column blocks. Error(invalid_argument) for iters, col_blocks or sms
+// below 1.
 int gemv_split_rule(int iters, int64_t col_blocks, int sms);
 
 }  // namespace lowbit
