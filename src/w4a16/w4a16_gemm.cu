@@ -116,7 +116,6 @@ template <typename T, int kMBlocks, bool kFloatZero>
 __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMBlocks>) w4a16_fused_kernel(const KernelArgs args) {
   using L = SharedLayout<kMBlocks>;
   extern __shared__ __align__(16) unsigned char smem[];
-  __shared__ int last_cta;
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t = lane % 4;
@@ -269,9 +268,10 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kMBlocks>) w4a16_fused
     __threadfence();  // make this thread's partials visible device-wide before the count
     __syncthreads();
     int* counter = args.counters + blockIdx.z * n_blocks + nb;
-    if (tid == 0) last_cta = atomicAdd(counter, 1) == contributors - 1;
-    __syncthreads();
-    if (!last_cta) return;
+    // The answer through the barrier itself, not a __shared__ flag: static
+    // shared memory beside the dynamic ring cost the gemv and attention
+    // kernels 2-10% (docs/w4a16-gemm.md, v26).
+    if (!__syncthreads_or(tid == 0 && atomicAdd(counter, 1) == contributors - 1)) return;
     __threadfence();
     for (int idx = tid; idx < valid_rows * 64; idx += kThreads) {
       const int r = idx / 64, c = idx % 64;
