@@ -600,10 +600,8 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
     // 2.17-2.19x against 2.24x, docs/w4a16-gemm.md "v7", "v13", "v26").
     // Two to eight rows keep wgmma: the gemv fold and x staging grow with
     // the rows (not measured since).
-    if (w4a16_wgmma_available(w.device()) && M == 1) {
-      plan.strategy = W4A16Strategy::gemv;
-    } else if (w4a16_wgmma_available(w.device())) {
-      plan.strategy = W4A16Strategy::wgmma;
+    if (w4a16_wgmma_available(w.device())) {
+      plan.strategy = M == 1 ? W4A16Strategy::gemv : W4A16Strategy::wgmma;
       if (M > 512) {
         const int rows = w4a16_detail::wgmma_rows_per_tile(M);
         const int64_t tiles = (M + rows - 1) / rows *
