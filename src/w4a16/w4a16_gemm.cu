@@ -572,6 +572,9 @@ int resident_ctas(int rows_per_pass, bool bf16, int device) {
 
 bool w4a16_wgmma_available(int device) { return w4a16_detail::wgmma_supported(device); }
 
+// `auto` takes the gemv kernel up to this many rows on sm_90a (w4a16_plan).
+constexpr int64_t kGemvAutoMaxRows = 3;
+
 W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& options) {
   LOWBIT_CHECK_ARG(options.tail_split >= 0, "tail_split", options.tail_split, "0 (chosen), 1 (none) or >= 2");
   LOWBIT_CHECK_ARG(options.stream_k_ctas >= 0, "stream_k_ctas", options.stream_k_ctas,
@@ -594,14 +597,17 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
     // Without sm_90a: the fused mma.sync kernel up to 64 rows, then the
     // decoupled GEMM (cheaper than re-reading the weights every 64 rows).
     // The H100 measurements behind this: docs/w4a16-gemm.md.
-    // At one row on sm_90a, the gemv kernel: since it has no static shared
-    // memory (v26) it beats wgmma on all nine benchmark shapes at M = 1
-    // (geometric mean 2.42x cuBLAS at split 4 or 8 against 2.22x; before,
-    // 2.17-2.19x against 2.24x, docs/w4a16-gemm.md "v7", "v13", "v26").
-    // Two to eight rows keep wgmma: the gemv fold and x staging grow with
-    // the rows (not measured since).
+    // Up to kGemvAutoMaxRows rows on sm_90a, the gemv kernel: since it has
+    // no static shared memory (v26) it beats wgmma on all nine benchmark
+    // shapes at M = 1 (geometric mean 2.42x cuBLAS at split 4 or 8 against
+    // 2.22x; before, 2.17-2.19x against 2.24x, docs/w4a16-gemm.md "v7",
+    // "v13", "v26"), and since its last CTA fetches the partials with
+    // cp.async (v27) at 2 and 3 rows too (2.37 / 2.26x against 2.22 /
+    // 2.14x). From 4 rows x staged for ~16 k-iterations takes enough shared
+    // memory that 4 CTAs fit on an SM, not 5, and wgmma's 16-row tile wins
+    // (2.18 against 2.15x at 4 rows, 2.15 against 1.75x at 8).
     if (w4a16_wgmma_available(w.device())) {
-      plan.strategy = M == 1 ? W4A16Strategy::gemv : W4A16Strategy::wgmma;
+      plan.strategy = M <= kGemvAutoMaxRows ? W4A16Strategy::gemv : W4A16Strategy::wgmma;
       if (M > 512) {
         const int rows = w4a16_detail::wgmma_rows_per_tile(M);
         const int64_t tiles = (M + rows - 1) / rows *

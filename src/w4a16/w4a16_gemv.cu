@@ -42,11 +42,12 @@
 // Measured on the H100 (docs/w4a16-gemm.md, "v7", "v26"): at M = 1, with L2
 // evicted by writing (as the peers' anchors), it beats the wgmma kernel on
 // all nine benchmark shapes since v26 (geometric mean 2.42x cuBLAS at split
-// 4 or 8 against 2.22x; until then 2.17-2.19x against 2.24x), so `auto`
-// takes it at one row, at gemv_split_rule's K split; w4a16_tune times the
-// splits per shape for the engine. From M = 4 its per-row fold and x staging
-// cost more than wgmma's 16-row tile (v7). It replaced a bulk-copy stream-K
-// kernel (1.71x at M = 1) and runs on sm_80.
+// 4 or 8 against 2.22x; until then 2.17-2.19x against 2.24x), and since v27
+// at 2 and 3 rows too, so `auto` takes it for 1-3 rows, at gemv_split_rule's
+// K split; w4a16_tune times the splits per shape for the engine. From M = 4
+// the x staged for a CTA's ~16 k-iterations leaves room for 4 CTAs per SM,
+// not 5, and wgmma's 16-row tile is faster (v27). It replaced a bulk-copy
+// stream-K kernel (1.71x at M = 1) and runs on sm_80.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -180,6 +181,34 @@ __device__ __forceinline__ void store_partials(float* mine, int64_t stride, int 
   }
 }
 
+// The last CTA's split-K sum, first half: elements [e0, e0 + n) of the
+// block's [row][column] outputs from every split's partials into
+// red[split * n + i] (i = element - e0), as 16-byte cp.async copies that
+// are all in flight at once, then the barrier. e0 and n are multiples of 4,
+// so a piece never leaves its row. Register loads, four per thread and round
+// (until v27), made this one L2 round trip after another, one per 1024
+// partials: 16 in a row for 8 rows at split 16 (docs/w4a16-gemm.md, v27).
+__device__ __forceinline__ void fetch_partials(float* red, const float* partial, int64_t stride, int split_k,
+                                               int block_col, int e0, int n) {
+  constexpr int kCols = kWarps * 16;
+  const int pieces = n / 4;
+  const uint32_t red_addr = smem_address(red);
+  // Splits outside, pieces inside: no division by a run-time count.
+  for (int s = 0; s < split_k; ++s) {
+    const float* split_partial = partial + static_cast<int64_t>(s) * kGemvRowsPerPass * stride + block_col;
+    for (int p = threadIdx.x; p < pieces; p += kThreads) {
+      const int e = e0 + 4 * p;
+      cp_async16_bypass(red_addr + (s * pieces + p) * 16, split_partial + (e / kCols) * stride + e % kCols);
+    }
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+}
+// Elements per fetch_partials round: a multiple of 4 whose copies of every
+// split fit in `floats` of shared memory.
+__device__ __forceinline__ int partial_chunk(int floats, int split_k) { return max(4, floats / split_k / 4 * 4); }
+
 // The fused epilogues below (out of line: inlined into the kernel, their
 // code changed the register allocation of its k-loop, e.g. 8 more
 // instructions per k-iteration, two of them constant loads) start from the
@@ -230,26 +259,10 @@ __device__ __forceinline__ void fused_epilogue(const OutputArgs& a, const float 
   __syncthreads();
   int* counter = a.counters + blockIdx.x;
   if (!last_to_arrive(counter, a.split_k)) return;
-  const int chunk = max(1, (a.smem_bytes / 4 - kEpilogueFloats) / a.split_k);
+  const int chunk = partial_chunk(a.smem_bytes / 4 - kEpilogueFloats, a.split_k);
   for (int e0 = 0; e0 < elements; e0 += chunk) {
-    const int n = min(chunk, elements - e0), total = n * a.split_k;
-    for (int base = 0; base < total; base += kThreads * 4) {
-      float v[4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int i = base + u * kThreads + tid;
-        const int e = e0 + i % n, row = e / kCols;
-        v[u] = i < total ? __ldcg(a.partial + (static_cast<int64_t>(i / n) * kGemvRowsPerPass + row) * stride +
-                                  block_col + e % kCols)
-                         : 0.0f;
-      }
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int i = base + u * kThreads + tid;
-        if (i < total) red[i] = v[u];
-      }
-    }
-    __syncthreads();
+    const int n = min(chunk, elements - e0);
+    fetch_partials(red, a.partial, stride, a.split_k, block_col, e0, n);
     for (int i = tid; i < n; i += kThreads) {
       float sum = 0.0f;
       for (int s = 0; s < a.split_k; ++s) sum += red[s * n + i];
@@ -732,33 +745,17 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
   float* red = reinterpret_cast<float*>(smem);
   // Through global memory: partials [split][row][column] (whole column
   // blocks, w4a16_gemv_workspace.h), a counter per block;
-  // the last CTA to arrive loads every partial of the block at once (one round
-  // of loads, as many in flight as the CTA has threads) and sums in order.
+  // the last CTA to arrive copies the block's partials into shared memory,
+  // all at once as far as they fit (fetch_partials), and sums in order.
   const int64_t stride = static_cast<int64_t>(gemv_partial_row_floats(args.N_pad));
   store_partials(args.partial + split * kGemvRowsPerPass * stride, stride, rows, acc);
   __syncthreads();  // every thread's partials are stored before thread 0's release
   int* counter = args.counters + blockIdx.x;
   if (!last_to_arrive(counter, args.split_k)) return;
-  const int chunk = max(1, (layout.bytes() / 4) / args.split_k);  // elements per round that fit in shared memory
+  const int chunk = partial_chunk(layout.bytes() / 4, args.split_k);
   for (int e0 = 0; e0 < elements; e0 += chunk) {
-    const int n = min(chunk, elements - e0), total = n * args.split_k;
-    for (int base = 0; base < total; base += kThreads * 4) {
-      float v[4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int i = base + u * kThreads + tid;
-        const int e = e0 + i % n, row = e / kCols;
-        v[u] = i < total ? __ldcg(args.partial + (static_cast<int64_t>(i / n) * kGemvRowsPerPass + row) * stride +
-                                  block_col + e % kCols)
-                         : 0.0f;
-      }
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int i = base + u * kThreads + tid;
-        if (i < total) red[i] = v[u];
-      }
-    }
-    __syncthreads();
+    const int n = min(chunk, elements - e0);
+    fetch_partials(red, args.partial, stride, args.split_k, block_col, e0, n);
     for (int i = tid; i < n; i += kThreads) {
       float sum = 0.0f;
       for (int s = 0; s < args.split_k; ++s) sum += red[s * n + i];

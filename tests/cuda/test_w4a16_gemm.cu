@@ -834,16 +834,19 @@ TEST(W4A16Gemm, WgmmaRunsOnComputeCapability9) {
     return;
   }
   // The default build compiles sm_90a; a Hopper device must get the wgmma
-  // path from two rows up.
+  // path from four rows up.
   EXPECT_TRUE(w4a16_wgmma_available());
   const auto layer = test::random_layer(256, 64, 64, ZeroKind::sym, 3);
   const W4A16Weights w = W4A16Weights::prepare(layer, DType::f16);
   EXPECT_EQ(w4a16_plan(256, w).strategy, W4A16Strategy::wgmma);
-  EXPECT_EQ(w4a16_plan(2, w).strategy, W4A16Strategy::wgmma);
-  // One row: the gemv kernel, at the untimed split rule (gemv_split_rule).
-  const W4A16Plan one_row = w4a16_plan(1, w);
-  EXPECT_EQ(one_row.strategy, W4A16Strategy::gemv);
-  EXPECT_EQ(one_row.split_k, gemv_split_rule(4, 1, cuda_device_info(0).sm_count));
+  EXPECT_EQ(w4a16_plan(4, w).strategy, W4A16Strategy::wgmma);
+  // One to three rows: the gemv kernel, at the untimed split rule
+  // (gemv_split_rule).
+  for (const int64_t M : {1, 2, 3}) {
+    const W4A16Plan plan = w4a16_plan(M, w);
+    EXPECT_EQ(plan.strategy, W4A16Strategy::gemv) << "M = " << M;
+    EXPECT_EQ(plan.split_k, gemv_split_rule(4, 1, cuda_device_info(0).sm_count)) << "M = " << M;
+  }
   // M > 512: wgmma when its 256-row tiles fill the waves of the device,
   // decoupled when they do not (here: 4 tiles).
   EXPECT_EQ(w4a16_plan(1024, w).strategy, W4A16Strategy::decoupled);

@@ -30,9 +30,10 @@
 //                          per window of a group in fp32; K split over the
 //                          CTAs of each 128-column block (split_k), summed by
 //                          the block's last CTA in a fixed order; larger M
-//                          runs in passes of 8 rows. `automatic` takes it at
-//                          one row on sm_90a (faster than wgmma on every
-//                          benchmark shape there, docs/w4a16-gemm.md v26)
+//                          runs in passes of 8 rows. `automatic` takes it
+//                          for 1-3 rows on sm_90a (faster than wgmma there
+//                          on the benchmark shapes, docs/w4a16-gemm.md v26,
+//                          v27)
 //   automatic              chosen by M, N, K and the device's SM count
 #pragma once
 
