@@ -159,13 +159,15 @@ inline constexpr double kCudaEngineLogitsRelErrorTq3 = 0.2;
 // The same kernels on different batch shapes: only the summation order of
 // the GEMMs (split-K choice depends on M) and fp16 rounding differ.
 inline constexpr double kCudaEngineBatchRelError = 5e-3;
-// A row in a batch against the same row alone, where the W4A16 GEMMs of one
-// row run another kernel than those of several (`auto`: the gemv kernel at
-// one row, which does not round the dequantized weights to fp16; wgmma from
-// two rows, which does): the per-weight rounding differs too. Measured on the
-// H100: up to 0.0097 of the logits' scale (two layers, fp16 and tq4 KV); the
-// GPU-against-CPU bound, which a wrong page, row or GQA mapping exceeds
-// tenfold.
+// A row in a batch against the same row alone, where the W4A16 GEMMs of
+// few rows run another kernel than those of more (`auto`: the gemv kernel at
+// 1-3 rows, which does not round the dequantized weights to fp16; wgmma from
+// four rows, which does): the per-weight rounding differs too. Measured on
+// the H100: up to 0.0097 of the logits' scale (two layers, fp16 and tq4 KV,
+// with both engines' prefills on wgmma); the GPU-against-CPU bound, which a
+// wrong page, row or GQA mapping exceeds tenfold. Where the prefills run
+// different kernels too, a 4-bit cache's codes move, and the tq4 bound
+// applies (CudaEngine.BatchedDecodeEqualsOneSequenceAtATime).
 inline constexpr double kCudaEngineAcrossRowCountsRelError = 2e-2;
 // The default model's perplexity of the shipped text (896 tokens), CUDA
 // backend over CPU backend, same weights and KV format. Measured on an H100:

@@ -111,11 +111,12 @@ TEST_P(CudaEngineVsCpu, PrefillAndDecodeLogitsAgree) {
   EXPECT_GT(gpu->kv().bytes_used(), 0);
 }
 
-TEST(CudaEngine, BatchedDecodeEqualsOneSequenceAtATime) {
-  LOWBIT_REQUIRE_GPU();
+// Three prompts prefilled and then decoded in one batch against the same
+// prompts one at a time in another engine: each row's logits within `bound`.
+void expect_batched_equals_alone(KvStorage storage, double bound) {
   const Model model = make_random_model(tiny_config(Architecture::qwen3), 5, WeightMode::w4, 0.08f);
   KvOptions kv;
-  kv.k = kv.v = KvStorage::tq4;
+  kv.k = kv.v = storage;
   kv.max_tokens = 80;
   kv.max_sequences = 3;
   kv.page_size = 16;
@@ -137,9 +138,9 @@ TEST(CudaEngine, BatchedDecodeEqualsOneSequenceAtATime) {
     single->forward(std::vector<StepInput>{{sseq[i], prompts[i]}}, LogitsWanted::last, one);
     const std::vector<float> row(logits.begin() + static_cast<int64_t>(i) * model.config.vocab,
                                  logits.begin() + static_cast<int64_t>(i + 1) * model.config.vocab);
-    // The GEMMs see different M: other summation orders, and at one row
+    // The GEMMs see different M: other summation orders, and at 1-3 rows
     // another kernel (kCudaEngineAcrossRowCountsRelError).
-    EXPECT_LE(max_rel_error(row, one), test::kCudaEngineAcrossRowCountsRelError) << "prompt " << i;
+    EXPECT_LE(max_rel_error(row, one), bound) << kv_storage_name(storage) << ", prompt " << i;
   }
   // A decode step of all three at once against one at a time.
   const std::vector<int32_t> next = {4, 5, 6};
@@ -152,8 +153,21 @@ TEST(CudaEngine, BatchedDecodeEqualsOneSequenceAtATime) {
                     one);
     const std::vector<float> row(logits.begin() + static_cast<int64_t>(i) * model.config.vocab,
                                  logits.begin() + static_cast<int64_t>(i + 1) * model.config.vocab);
-    EXPECT_LE(max_rel_error(row, one), test::kCudaEngineAcrossRowCountsRelError) << "decode, sequence " << i;
+    EXPECT_LE(max_rel_error(row, one), bound) << kv_storage_name(storage) << ", decode, sequence " << i;
   }
+}
+
+TEST(CudaEngine, BatchedDecodeEqualsOneSequenceAtATime) {
+  LOWBIT_REQUIRE_GPU();
+  // fp16 K/V: only the GEMMs' rounding differs between the two engines.
+  expect_batched_equals_alone(KvStorage::fp16, test::kCudaEngineAcrossRowCountsRelError);
+  // A 4-bit cache: the 3-token prompt alone now runs the gemv kernel, in the
+  // batch (21 rows) wgmma, and the K/V they write differ by that rounding,
+  // which moves some cache codes across a 4-bit boundary, as between the GPU
+  // and the CPU; so the GPU-against-CPU bound of tq4 (measured: 0.037 in the
+  // decode step, 0.031 after the prefill, where both engines ran wgmma for
+  // every prefill until `auto` took gemv at 2-3 rows).
+  expect_batched_equals_alone(KvStorage::tq4, test::kCudaEngineLogitsRelErrorTq4);
 }
 
 // One prompt prefilled beside another in the same step against the same
