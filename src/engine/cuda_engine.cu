@@ -440,21 +440,32 @@ W4A16Options CudaEngine::single_row_options(const DeviceLinear& w) const {
   return it != decode_gemm_.end() ? it->second : options_.decode_gemm;
 }
 
+W4A16Options CudaEngine::step_gemm_options(const DeviceLinear& w, int64_t M) const {
+  if (M == 1) return single_row_options(w);
+  // A decode step of a few rows whose GEMMs `auto` plans on the gemv kernel
+  // (1-3 rows on sm_90a, w4a16_plan): the options name that strategy, so
+  // that the gemv fusions apply as at one row. Not a prefill: its attention
+  // takes unrotated queries.
+  const bool decode = static_cast<int64_t>(rows_.size()) == M;
+  if (decode && w.w4 && w4a16_plan(M, *w.w4).strategy == W4A16Strategy::gemv) return {W4A16Strategy::gemv};
+  return {};
+}
+
 bool CudaEngine::down_fuses_silu(const DeviceLinear& down, int64_t M) const {
-  return options_.fuse_silu_into_down && M == 1 && down.w4 && !down.w4->act_order() &&
-         single_row_options(down).strategy == W4A16Strategy::gemv;
+  return options_.fuse_silu_into_down && down.w4 && !down.w4->act_order() &&
+         step_gemm_options(down, M).strategy == W4A16Strategy::gemv;
 }
 
 bool CudaEngine::fuses_norm(const DeviceLinear& producer, const DeviceLinear& consumer, int64_t M) const {
-  return options_.fuse_norms_into_gemms && M == 1 && producer.w4 && consumer.w4 && !consumer.w4->act_order() &&
-         single_row_options(producer).strategy == W4A16Strategy::gemv &&
-         single_row_options(consumer).strategy == W4A16Strategy::gemv;
+  return options_.fuse_norms_into_gemms && producer.w4 && consumer.w4 && !consumer.w4->act_order() &&
+         step_gemm_options(producer, M).strategy == W4A16Strategy::gemv &&
+         step_gemm_options(consumer, M).strategy == W4A16Strategy::gemv;
 }
 
 bool CudaEngine::qkv_makes_attention_inputs(const DeviceLinear& qkv, int64_t M) const {
   const int64_t hd = model_.config.head_dim;
-  return options_.fuse_attention_inputs_into_qkv && M == 1 && qkv.w4 && hd % 2 == 0 && 128 % hd == 0 &&
-         single_row_options(qkv).strategy == W4A16Strategy::gemv;
+  return options_.fuse_attention_inputs_into_qkv && qkv.w4 && hd % 2 == 0 && 128 % hd == 0 &&
+         step_gemm_options(qkv, M).strategy == W4A16Strategy::gemv;
 }
 
 bool CudaEngine::qkv_rotates_queries(const DeviceLinear& qkv, int64_t M) const {
@@ -466,7 +477,7 @@ bool CudaEngine::qkv_rotates_queries(const DeviceLinear& qkv, int64_t M) const {
 
 void CudaEngine::linear(const DeviceLinear& w, const void* x, int64_t M, void* y, const LinearFusion& fusion) {
   if (w.w4) {
-    W4A16Options options = M == 1 ? single_row_options(w) : W4A16Options{};
+    W4A16Options options = step_gemm_options(w, M);
     options.x_silu_mul = fusion.x_silu_mul;
     if (fusion.x_norm != nullptr) {
       options.x_norm_weight = fusion.x_norm->data();

@@ -117,6 +117,9 @@ struct CudaEngineOptions {
   int64_t decode_plan_tokens = 256;
   // The W4A16 options of single-row GEMMs when tune_decode_gemms is off
   // (default: auto's plan; tests force the gemv strategy with them).
+  // The fusions below need the gemv strategy. They apply to single-row
+  // steps, and to decode steps of a few rows (2-3 on sm_90a) whose GEMMs
+  // `auto` plans on the gemv kernel (step_gemm_options).
   W4A16Options decode_gemm;
   // When a single-row down projection runs the gemv strategy, it reads
   // silu(gate) * up straight from the gate/up GEMM's output
@@ -295,6 +298,10 @@ class CudaEngine {
   void linear(const DeviceLinear& w, const void* x, int64_t M, void* y, const LinearFusion& fusion);
   void linear(const DeviceLinear& w, const void* x, int64_t M, void* y) { linear(w, x, M, y, LinearFusion{}); }
   W4A16Options single_row_options(const DeviceLinear& w) const;
+  // The W4A16 options of w's GEMM in a step of M rows of x: single_row_options
+  // at one row; the gemv strategy named in a decode step of rows that `auto`
+  // plans on gemv (so its fusions apply there too); else `auto`.
+  W4A16Options step_gemm_options(const DeviceLinear& w, int64_t M) const;
   bool down_fuses_silu(const DeviceLinear& down, int64_t M) const;
   // Whether the add + RMSNorm between producer's output and consumer's
   // input is done inside the two GEMMs (CudaEngineOptions::fuse_norms_into_gemms).
