@@ -447,8 +447,10 @@ W4A16Options CudaEngine::step_gemm_options(const DeviceLinear& w, int64_t M) con
   // that the gemv fusions apply as at one row. Not a prefill: its attention
   // takes unrotated queries.
   const bool decode = static_cast<int64_t>(rows_.size()) == M;
-  if (decode && w.w4 && w4a16_plan(M, *w.w4).strategy == W4A16Strategy::gemv) return {W4A16Strategy::gemv};
-  return {};
+  if (!decode || !w.w4) return {};
+  auto [it, fresh] = auto_takes_gemv_.try_emplace({&w, M}, false);
+  if (fresh) it->second = w4a16_plan(M, *w.w4).strategy == W4A16Strategy::gemv;
+  return it->second ? W4A16Options{W4A16Strategy::gemv} : W4A16Options{};
 }
 
 bool CudaEngine::down_fuses_silu(const DeviceLinear& down, int64_t M) const {

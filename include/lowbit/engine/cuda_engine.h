@@ -324,6 +324,10 @@ class CudaEngine {
   W4A16Workspace w4_workspace_;
   // Single-row options per w4 linear (tune_decode_gemms), and what was measured.
   std::map<const DeviceLinear*, W4A16Options> decode_gemm_;
+  // step_gemm_options' question, whether `auto` plans w's GEMM of M rows on
+  // the gemv kernel, answered once per (w, M): eager decode steps ask it a
+  // few hundred times per step.
+  mutable std::map<std::pair<const DeviceLinear*, int64_t>, bool> auto_takes_gemv_;
   std::vector<std::string> decode_gemm_choices_;
   void tune_decode_gemms();
   kv::AttentionWorkspace attention_workspace_;
