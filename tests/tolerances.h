@@ -161,8 +161,8 @@ inline constexpr double kCudaEngineLogitsRelErrorTq3 = 0.2;
 inline constexpr double kCudaEngineBatchRelError = 5e-3;
 // A row in a batch against the same row alone, where the W4A16 GEMMs of
 // few rows run another kernel than those of more (`auto`: the gemv kernel at
-// 1-3 rows, which does not round the dequantized weights to fp16; wgmma from
-// four rows, which does): the per-weight rounding differs too. Measured on
+// 1-4 rows, which does not round the dequantized weights to fp16; wgmma from
+// five rows, which does): the per-weight rounding differs too. Measured on
 // the H100: up to 0.0097 of the logits' scale (two layers, fp16 and tq4 KV,
 // with both engines' prefills on wgmma); the GPU-against-CPU bound, which a
 // wrong page, row or GQA mapping exceeds tenfold. Where the prefills run

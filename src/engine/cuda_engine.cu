@@ -443,7 +443,7 @@ W4A16Options CudaEngine::single_row_options(const DeviceLinear& w) const {
 W4A16Options CudaEngine::step_gemm_options(const DeviceLinear& w, int64_t M) const {
   if (M == 1) return single_row_options(w);
   // A decode step of a few rows whose GEMMs `auto` plans on the gemv kernel
-  // (1-3 rows on sm_90a, w4a16_plan): the options name that strategy, so
+  // (1-4 rows on sm_90a, w4a16_plan): the options name that strategy, so
   // that the gemv fusions apply as at one row. Not a prefill: its attention
   // takes unrotated queries.
   const bool decode = static_cast<int64_t>(rows_.size()) == M;

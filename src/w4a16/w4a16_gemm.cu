@@ -573,7 +573,7 @@ int resident_ctas(int rows_per_pass, bool bf16, int device) {
 bool w4a16_wgmma_available(int device) { return w4a16_detail::wgmma_supported(device); }
 
 // `auto` takes the gemv kernel up to this many rows on sm_90a (w4a16_plan).
-constexpr int64_t kGemvAutoMaxRows = 3;
+constexpr int64_t kGemvAutoMaxRows = 4;
 
 W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& options) {
   LOWBIT_CHECK_ARG(options.tail_split >= 0, "tail_split", options.tail_split, "0 (chosen), 1 (none) or >= 2");
@@ -602,10 +602,11 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
     // shapes at M = 1 (geometric mean 2.42x cuBLAS at split 4 or 8 against
     // 2.22x; before, 2.17-2.19x against 2.24x, docs/w4a16-gemm.md "v7",
     // "v13", "v26"), and since its last CTA fetches the partials with
-    // cp.async (v27) at 2 and 3 rows too (2.37 / 2.26x against 2.22 /
-    // 2.14x). From 4 rows x staged for ~16 k-iterations takes enough shared
-    // memory that 4 CTAs fit on an SM, not 5, and wgmma's 16-row tile wins
-    // (2.18 against 2.15x at 4 rows, 2.15 against 1.75x at 8).
+    // cp.async (v27) at 2-4 rows too (2.37 / 2.26 / 2.21x against 2.22 /
+    // 2.14 / 2.13x). x staged for ~16 k-iterations takes shared memory that
+    // leaves room for 5 CTAs per SM up to 3 rows, 4 at 4-7 and 3 at 8, and
+    // wgmma's 16-row tile wins at 6 and 8 rows (2.11 against 1.97x, 2.15
+    // against 1.75x; 5 rows not measured).
     if (w4a16_wgmma_available(w.device())) {
       plan.strategy = M <= kGemvAutoMaxRows ? W4A16Strategy::gemv : W4A16Strategy::wgmma;
       if (M > 512) {

@@ -43,11 +43,12 @@
 // evicted by writing (as the peers' anchors), it beats the wgmma kernel on
 // all nine benchmark shapes since v26 (geometric mean 2.42x cuBLAS at split
 // 4 or 8 against 2.22x; until then 2.17-2.19x against 2.24x), and since v27
-// at 2 and 3 rows too, so `auto` takes it for 1-3 rows, at gemv_split_rule's
-// K split; w4a16_tune times the splits per shape for the engine. From M = 4
-// the x staged for a CTA's ~16 k-iterations leaves room for 4 CTAs per SM,
-// not 5, and wgmma's 16-row tile is faster (v27). It replaced a bulk-copy
-// stream-K kernel (1.71x at M = 1) and runs on sm_80.
+// at 2-4 rows too, so `auto` takes it for 1-4 rows, at gemv_split_rule's
+// K split; w4a16_tune times the splits per shape for the engine. With more
+// rows the x staged for a CTA's ~16 k-iterations leaves room for fewer CTAs
+// per SM (5 up to 3 rows, 4 at 4-7, 3 at 8), and from 6 rows wgmma's 16-row
+// tile is faster (v27). It replaced a bulk-copy stream-K kernel (1.71x at
+// M = 1) and runs on sm_80.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

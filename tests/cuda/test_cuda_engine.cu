@@ -138,7 +138,7 @@ void expect_batched_equals_alone(KvStorage storage, double bound) {
     single->forward(std::vector<StepInput>{{sseq[i], prompts[i]}}, LogitsWanted::last, one);
     const std::vector<float> row(logits.begin() + static_cast<int64_t>(i) * model.config.vocab,
                                  logits.begin() + static_cast<int64_t>(i + 1) * model.config.vocab);
-    // The GEMMs see different M: other summation orders, and at 1-3 rows
+    // The GEMMs see different M: other summation orders, and at 1-4 rows
     // another kernel (kCudaEngineAcrossRowCountsRelError).
     EXPECT_LE(max_rel_error(row, one), bound) << kv_storage_name(storage) << ", prompt " << i;
   }
@@ -166,7 +166,7 @@ TEST(CudaEngine, BatchedDecodeEqualsOneSequenceAtATime) {
   // which moves some cache codes across a 4-bit boundary, as between the GPU
   // and the CPU; so the GPU-against-CPU bound of tq4 (measured: 0.037 in the
   // decode step, 0.031 after the prefill, where both engines ran wgmma for
-  // every prefill until `auto` took gemv at 2-3 rows).
+  // every prefill until `auto` took gemv at 2-4 rows).
   expect_batched_equals_alone(KvStorage::tq4, test::kCudaEngineLogitsRelErrorTq4);
 }
 

@@ -834,15 +834,15 @@ TEST(W4A16Gemm, WgmmaRunsOnComputeCapability9) {
     return;
   }
   // The default build compiles sm_90a; a Hopper device must get the wgmma
-  // path from four rows up.
+  // path from five rows up.
   EXPECT_TRUE(w4a16_wgmma_available());
   const auto layer = test::random_layer(256, 64, 64, ZeroKind::sym, 3);
   const W4A16Weights w = W4A16Weights::prepare(layer, DType::f16);
   EXPECT_EQ(w4a16_plan(256, w).strategy, W4A16Strategy::wgmma);
-  EXPECT_EQ(w4a16_plan(4, w).strategy, W4A16Strategy::wgmma);
-  // One to three rows: the gemv kernel, at the untimed split rule
+  EXPECT_EQ(w4a16_plan(5, w).strategy, W4A16Strategy::wgmma);
+  // One to four rows: the gemv kernel, at the untimed split rule
   // (gemv_split_rule).
-  for (const int64_t M : {1, 2, 3}) {
+  for (const int64_t M : {1, 2, 3, 4}) {
     const W4A16Plan plan = w4a16_plan(M, w);
     EXPECT_EQ(plan.strategy, W4A16Strategy::gemv) << "M = " << M;
     EXPECT_EQ(plan.split_k, gemv_split_rule(4, 1, cuda_device_info(0).sm_count)) << "M = " << M;

@@ -118,7 +118,7 @@ struct CudaEngineOptions {
   // The W4A16 options of single-row GEMMs when tune_decode_gemms is off
   // (default: auto's plan; tests force the gemv strategy with them).
   // The fusions below need the gemv strategy. They apply to single-row
-  // steps, and to decode steps of a few rows (2-3 on sm_90a) whose GEMMs
+  // steps, and to decode steps of a few rows (2-4 on sm_90a) whose GEMMs
   // `auto` plans on the gemv kernel (step_gemm_options).
   W4A16Options decode_gemm;
   // When a single-row down projection runs the gemv strategy, it reads

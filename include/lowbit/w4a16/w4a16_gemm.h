@@ -31,7 +31,7 @@
 //                          CTAs of each 128-column block (split_k), summed by
 //                          the block's last CTA in a fixed order; larger M
 //                          runs in passes of 8 rows. `automatic` takes it
-//                          for 1-3 rows on sm_90a (faster than wgmma there
+//                          for 1-4 rows on sm_90a (faster than wgmma there
 //                          on the benchmark shapes, docs/w4a16-gemm.md v26,
 //                          v27)
 //   automatic              chosen by M, N, K and the device's SM count

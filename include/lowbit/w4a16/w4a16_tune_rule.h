@@ -25,7 +25,7 @@ int choose_gemv_split(std::span<const TimedGemvSplit> timed, double margin);
 // The margin w4a16_tune uses.
 inline constexpr double kGemvSplitMargin = 0.03;
 
-// The gemv K split used untimed (`auto` at 1-3 rows, and the gemv strategy
+// The gemv K split used untimed (`auto` at 1-4 rows, and the gemv strategy
 // with split_k 0): about 16 k-iterations (1024 rows of K) per CTA, at most
 // 16 ways, and more where the grid would leave most SMs idle (fewer CTAs
 // than half of `sms`: up to `sms` CTAs, keeping 4 k-iterations per CTA).
