@@ -834,6 +834,10 @@ void launch_gemv(const GemvArgs& args, bool bf16, bool float_zero, int device, c
                  "gemv: residual_row_sq with x_norm_weight or attention_inputs in one call");
   LOWBIT_REQUIRE(smem_for(args.M, args.iters, args.split_k, two_groups) <= device_limits(device).smem_per_cta,
                  "gemv: K split ", args.split_k, " leaves more of x per CTA than shared memory holds");
+  // The last CTA's sum fetches at least one 16-byte piece of every split
+  // (partial_chunk) beside the epilogue's floats.
+  LOWBIT_REQUIRE(4 * args.split_k + kEpilogueFloats <= smem_for(args.M, args.iters, args.split_k, two_groups) / 4,
+                 "gemv: K split ", args.split_k, " has more partials per column than shared memory holds");
   auto by_groups = [&](auto t_tag, auto fz_tag) {
     using T = decltype(t_tag);
     constexpr bool kFz = decltype(fz_tag)::value;
