@@ -319,16 +319,16 @@ void CudaEngine::tune_decode_gemms() {
         std::snprintf(cell, sizeof cell, "%s%s %.1f us", line.back() == ' ' ? "" : ", ", name.c_str(), us);
         line += cell;
       }
-      // A layer's GEMMs absorb their neighbouring kernels only when they run
-      // the gemv strategy (the SiLU, the add + RMSNorm, the q/k norm + RoPE:
-      // ~2-5 us each in a replayed step), so a gemv plan within
+      // A layer's GEMMs (and the lm_head) absorb their neighbouring kernels
+      // only when they run the gemv strategy (the SiLU, the add + RMSNorm, the
+      // q/k norm + RoPE: ~2-5 us each in a replayed step), so a gemv plan within
       // kFusionMarginUs of the fastest is taken (Qwen3-14B's o projection:
       // wgmma 15.0 us, gemv 15.1 us).
       constexpr double kFusionMarginUs = 1.0;
       const bool fusing = options_.fuse_silu_into_down || options_.fuse_norms_into_gemms ||
                           options_.fuse_attention_inputs_into_qkv;
       W4A16Options chosen = t.best;
-      if (fusing && d != &model_.lm_head && t.best.strategy != W4A16Strategy::gemv && t.fastest_gemv_us > 0 &&
+      if (fusing && t.best.strategy != W4A16Strategy::gemv && t.fastest_gemv_us > 0 &&
           t.fastest_gemv_us <= t.best_us + kFusionMarginUs)
         chosen = t.fastest_gemv;
       const W4A16Plan plan = w4a16_plan(1, *d->w4, chosen);
@@ -440,17 +440,30 @@ W4A16Options CudaEngine::single_row_options(const DeviceLinear& w) const {
   return it != decode_gemm_.end() ? it->second : options_.decode_gemm;
 }
 
+bool CudaEngine::auto_plans_gemv(const DeviceLinear& w, int64_t M) const {
+  if (!w.w4) return false;
+  auto [it, fresh] = auto_takes_gemv_.try_emplace({&w, M}, false);
+  if (fresh) it->second = w4a16_plan(M, *w.w4).strategy == W4A16Strategy::gemv;
+  return it->second;
+}
+
 W4A16Options CudaEngine::step_gemm_options(const DeviceLinear& w, int64_t M) const {
-  if (M == 1) return single_row_options(w);
+  if (M == 1) {
+    // Untuned one-row GEMMs (lowbit generate without --tune-gemms) get
+    // `auto`, which plans them on the gemv kernel on sm_90a; naming it
+    // lets the gemv fusions apply there as in a tuned engine. The plan,
+    // and so the kernel and its split, is the same either way.
+    W4A16Options options = single_row_options(w);
+    if (options.strategy == W4A16Strategy::automatic && auto_plans_gemv(w, 1)) options.strategy = W4A16Strategy::gemv;
+    return options;
+  }
   // A decode step of a few rows whose GEMMs `auto` plans on the gemv kernel
   // (1-4 rows on sm_90a, w4a16_plan): the options name that strategy, so
   // that the gemv fusions apply as at one row. Not a prefill: its attention
   // takes unrotated queries.
   const bool decode = static_cast<int64_t>(rows_.size()) == M;
-  if (!decode || !w.w4) return {};
-  auto [it, fresh] = auto_takes_gemv_.try_emplace({&w, M}, false);
-  if (fresh) it->second = w4a16_plan(M, *w.w4).strategy == W4A16Strategy::gemv;
-  return it->second ? W4A16Options{W4A16Strategy::gemv} : W4A16Options{};
+  if (!decode || !auto_plans_gemv(w, M)) return {};
+  return W4A16Options{W4A16Strategy::gemv};
 }
 
 bool CudaEngine::down_fuses_silu(const DeviceLinear& down, int64_t M) const {
@@ -648,7 +661,7 @@ void CudaEngine::prepare(std::span<const StepRow> rows, bool all_tokens) {
   tables_.assign(tables, lengths, options_.page_size, stream_);
   LOWBIT_CUDA_CHECK(cudaMemcpyAsync(positions_.data(), positions.data(), positions.size() * 4,
                                     cudaMemcpyHostToDevice, stream_));
-  if (!all_tokens) {
+  if (!all_tokens && logit_rows != M) {  // else launch() needs no gather
     LOWBIT_CUDA_CHECK(cudaMemcpyAsync(gather_rows_.data(), last_rows.data(), last_rows.size() * 4,
                                       cudaMemcpyHostToDevice, stream_));
   }
@@ -682,6 +695,13 @@ void CudaEngine::launch(const int32_t* d_tokens) {
   ops::rms_norm(residual, dev(model_.layers[0].attn_norm.data(), DType::f16, {c.hidden}), eps, normed,
                 stream_);
   mark("embedding + first norm");
+  // The lm_head reads the final norm's rows as they are when every row's
+  // last token is its only one (a decode step) or every token gets logits;
+  // then the gather is the identity and is left out, and the last down GEMM
+  // and the lm_head can do the final add + RMSNorm between them.
+  const bool head_reads_every_row = all_tokens_ || logit_rows_ == M;
+  const bool norm_in_head =
+      head_reads_every_row && fuses_norm(model_.layers.back().down, model_.lm_head, M);
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const DeviceLayer& L = model_.layers[static_cast<size_t>(l)];
     const DeviceLayer* next = l + 1 < c.num_layers ? &model_.layers[static_cast<size_t>(l + 1)] : nullptr;
@@ -741,34 +761,37 @@ void CudaEngine::launch(const int32_t* d_tokens) {
       linear(L.gate_up, normed_.data(), M, gate_up_.data());
       mark("gate/up GEMM");
     }
-    const bool norm_in_next_qkv = next != nullptr && fuses_norm(L.down, next->qkv, M);
-    void* down_out = norm_in_next_qkv ? residual_.data() : tmp_.data();
+    // The add + RMSNorm after the down GEMM goes into the next GEMM (the
+    // next layer's qkv, or the lm_head after the last layer) where it can.
+    const bool norm_in_next_gemm = next != nullptr ? fuses_norm(L.down, next->qkv, M) : norm_in_head;
+    void* down_out = norm_in_next_gemm ? residual_.data() : tmp_.data();
     if (down_fuses_silu(L.down, M)) {
-      linear(L.down, gate_up_.data(), M, down_out, {.x_silu_mul = true, .residual_out = norm_in_next_qkv});
-      mark(norm_in_next_qkv ? "SiLU x up + down GEMM + residual add" : "SiLU x up + down GEMM");
+      linear(L.down, gate_up_.data(), M, down_out, {.x_silu_mul = true, .residual_out = norm_in_next_gemm});
+      mark(norm_in_next_gemm ? "SiLU x up + down GEMM + residual add" : "SiLU x up + down GEMM");
     } else {
       ops::silu_mul(rows_view(gate_up_, 0, M, c.intermediate, 2 * c.intermediate),
                     rows_view(gate_up_, c.intermediate, M, c.intermediate, 2 * c.intermediate),
                     dev(act_.data(), DType::f16, {M, c.intermediate}), stream_);
       mark("SiLU x up");
-      linear(L.down, act_.data(), M, down_out, {.residual_out = norm_in_next_qkv});
-      mark(norm_in_next_qkv ? "down GEMM + residual add" : "down GEMM");
+      linear(L.down, act_.data(), M, down_out, {.residual_out = norm_in_next_gemm});
+      mark(norm_in_next_gemm ? "down GEMM + residual add" : "down GEMM");
     }
-    if (!norm_in_next_qkv) {
+    if (!norm_in_next_gemm) {
       const Buffer& next_norm = next != nullptr ? next->attn_norm : model_.final_norm;
       ops::add_rms_norm(residual, tmp, dev(next_norm.data(), DType::f16, {c.hidden}), eps, normed, stream_);
       mark("add + RMSNorm");
     }
   }
-  const void* head_input = normed_.data();
-  if (!all_tokens_) {
+  const void* head_input = norm_in_head ? residual_.data() : normed_.data();
+  if (!head_reads_every_row) {
     // The last token of each row: a gather through the embedding kernel.
     ops::embedding(normed, dev(gather_rows_.data(), DType::i32, {logit_rows_}),
                    dev(gathered_.data(), DType::f16, {logit_rows_, c.hidden}), stream_);
     head_input = gathered_.data();
   }
-  linear(model_.lm_head, head_input, logit_rows_, logits_.data());
-  mark("gather + lm_head GEMM");
+  linear(model_.lm_head, head_input, logit_rows_, logits_.data(),
+         {.x_norm = norm_in_head ? &model_.final_norm : nullptr});
+  mark(norm_in_head ? "RMSNorm + lm_head GEMM" : (head_reads_every_row ? "lm_head GEMM" : "gather + lm_head GEMM"));
 }
 
 void CudaEngine::fill_random_kv(uint64_t seed) {

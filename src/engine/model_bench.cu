@@ -167,6 +167,10 @@ void run_model_benchmark(const ModelBenchOptions& options) {
                           engine->norms_fused_into_gemms()
                               ? "inside the GEMMs before and after it (gemv)"
                               : "in a kernel of its own");
+              std::printf("   single-row steps: final add + RMSNorm %s\n",
+                          engine->final_norm_fused_into_lm_head()
+                              ? "inside the last down GEMM and the lm_head (gemv)"
+                              : "in a kernel of its own");
               std::printf("   single-row steps: q/k norm + RoPE %s\n", engine->attention_inputs_fused_into_qkv()
                                                                       ? "in the qkv GEMM's epilogue (gemv)"
                                                                       : "in a kernel of its own");

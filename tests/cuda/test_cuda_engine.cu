@@ -288,49 +288,83 @@ TEST(CudaEngine, SiluFusedIntoTheDownProjectionGivesTheSameBits) {
 }
 
 // Single-row steps whose GEMMs run the gemv strategy do the residual add +
-// RMSNorm inside the GEMMs on either side of it (fuse_norms_into_gemms). At
-// every decode step the logits must agree with the same engine running the
-// add + RMSNorm kernels (the fused norm sums in another order: rounding
-// only) and with the CPU backend; the prompt (5 rows) runs the kernels in
-// both engines. fp16 KV, so that the CPU and GPU caches hold the same values.
+// RMSNorm inside the GEMMs on either side of it (fuse_norms_into_gemms), the
+// last one inside the last down GEMM and a w4 lm_head. At every decode step
+// the logits must agree with the same engine running the add + RMSNorm
+// kernels (the fused norm sums in another order: rounding only) and, with
+// the lm_head as the checkpoint has it (dense), with the CPU backend; the
+// prompt (5 rows) runs the kernels in both engines. fp16 KV, so that the CPU
+// and GPU caches hold the same values.
 TEST(CudaEngine, NormsFusedIntoTheGemmsAgreeWithTheNormKernels) {
   LOWBIT_REQUIRE_GPU();
-  for (Architecture arch : {Architecture::llama, Architecture::qwen3}) {
-    SCOPED_TRACE(architecture_name(arch));
-    const Model model = make_random_model(tiny_config(arch), 23, WeightMode::w4, 0.08f);
-    const DeviceModel device_model = DeviceModel::upload(model, false);
-    CudaEngineOptions options;
-    options.max_tokens = 32;
-    options.k_format = options.v_format = kv::KvFormat::fp16;
-    options.decode_gemm = W4A16Options{W4A16Strategy::gemv, 0};
-    CudaEngine fused(device_model, options);
-    options.fuse_norms_into_gemms = false;
-    CudaEngine separate(device_model, options);
-    EXPECT_TRUE(fused.norms_fused_into_gemms());
-    EXPECT_FALSE(separate.norms_fused_into_gemms());
-    CpuBackendOptions cpu_options;
-    cpu_options.kv.k = cpu_options.kv.v = KvStorage::fp16;
-    cpu_options.kv.max_tokens = 32;
-    auto cpu = make_cpu_backend(model, cpu_options);
-    const int cs = cpu->add_sequence();
-    std::vector<std::vector<float>> out[2];
-    CudaEngine* engines[2] = {&fused, &separate};
-    for (int k = 0; k < 2; ++k)
-      for (const std::vector<uint16_t>& bits : prompt_and_decode_bits(*engines[k], 6)) {
-        std::vector<float> row(bits.size());
-        for (size_t i = 0; i < bits.size(); ++i) row[i] = f16_to_float(f16::from_bits(bits[i]));
-        out[k].push_back(row);
+  for (Architecture arch : {Architecture::llama, Architecture::qwen3})
+    for (bool w4_head : {false, true}) {
+      SCOPED_TRACE(std::string(architecture_name(arch)) + (w4_head ? ", w4 lm_head" : ", dense lm_head"));
+      const Model model = make_random_model(tiny_config(arch), 23, WeightMode::w4, 0.08f);
+      // quantize_dense_to_w4: the only dense linear of this model is the lm_head.
+      const DeviceModel device_model = DeviceModel::upload(model, w4_head);
+      ASSERT_EQ(device_model.lm_head.w4.has_value(), w4_head);
+      CudaEngineOptions options;
+      options.max_tokens = 32;
+      options.k_format = options.v_format = kv::KvFormat::fp16;
+      options.decode_gemm = W4A16Options{W4A16Strategy::gemv, 0};
+      CudaEngine fused(device_model, options);
+      options.fuse_norms_into_gemms = false;
+      CudaEngine separate(device_model, options);
+      EXPECT_TRUE(fused.norms_fused_into_gemms());
+      EXPECT_EQ(fused.final_norm_fused_into_lm_head(), w4_head);
+      EXPECT_FALSE(separate.norms_fused_into_gemms());
+      EXPECT_FALSE(separate.final_norm_fused_into_lm_head());
+      CpuBackendOptions cpu_options;
+      cpu_options.kv.k = cpu_options.kv.v = KvStorage::fp16;
+      cpu_options.kv.max_tokens = 32;
+      auto cpu = make_cpu_backend(model, cpu_options);
+      const int cs = cpu->add_sequence();
+      std::vector<std::vector<float>> out[2];
+      CudaEngine* engines[2] = {&fused, &separate};
+      for (int k = 0; k < 2; ++k)
+        for (const std::vector<uint16_t>& bits : prompt_and_decode_bits(*engines[k], 6)) {
+          std::vector<float> row(bits.size());
+          for (size_t i = 0; i < bits.size(); ++i) row[i] = f16_to_float(f16::from_bits(bits[i]));
+          out[k].push_back(row);
+        }
+      std::vector<int32_t> tokens = {3, 14, 15, 92, 65};
+      for (size_t step = 0; step < out[0].size(); ++step) {
+        std::vector<float> want;
+        cpu->forward(std::vector<StepInput>{{cs, tokens}}, LogitsWanted::last, want);
+        for (float v : out[0][step]) ASSERT_TRUE(std::isfinite(v)) << "step " << step;
+        EXPECT_LE(max_rel_error(out[0][step], out[1][step]), test::kCudaEngineBatchRelError) << "step " << step;
+        if (!w4_head) EXPECT_LE(max_rel_error(out[0][step], want), test::kCudaEngineLogitsRelError) << "step " << step;
+        tokens = {static_cast<int32_t>(20 + 7 * step)};
       }
-    std::vector<int32_t> tokens = {3, 14, 15, 92, 65};
-    for (size_t step = 0; step < out[0].size(); ++step) {
-      std::vector<float> want;
-      cpu->forward(std::vector<StepInput>{{cs, tokens}}, LogitsWanted::last, want);
-      for (float v : out[0][step]) ASSERT_TRUE(std::isfinite(v)) << "step " << step;
-      EXPECT_LE(max_rel_error(out[0][step], out[1][step]), test::kCudaEngineBatchRelError) << "step " << step;
-      EXPECT_LE(max_rel_error(out[0][step], want), test::kCudaEngineLogitsRelError) << "step " << step;
-      tokens = {static_cast<int32_t>(20 + 7 * step)};
     }
-  }
+}
+
+// An engine that neither tunes nor names a strategy (lowbit generate's
+// default) gets `auto` for its single-row GEMMs. On sm_90a that plans the
+// gemv kernel, and the engine then names it, so the fusions apply as in a
+// tuned engine: the logits are those of an engine given the gemv strategy,
+// bit for bit (the same plans). Elsewhere `auto` plans another kernel and
+// nothing is fused.
+TEST(CudaEngine, UntunedSingleRowStepsTakeTheGemvFusionsWhereAutoPlansGemv) {
+  LOWBIT_REQUIRE_GPU();
+  const Model model = make_random_model(tiny_config(Architecture::qwen3), 29, WeightMode::w4, 0.08f);
+  const DeviceModel device_model = DeviceModel::upload(model, true);
+  CudaEngineOptions options;
+  options.max_tokens = 32;
+  options.rotation = kv::RotationKind::hadamard;
+  CudaEngine untuned(device_model, options);
+  const bool gemv = w4a16_plan(1, *device_model.layers.front().down.w4).strategy == W4A16Strategy::gemv;
+  EXPECT_EQ(gemv, w4a16_wgmma_available());
+  EXPECT_EQ(untuned.silu_fused_into_down(), gemv);
+  EXPECT_EQ(untuned.norms_fused_into_gemms(), gemv);
+  EXPECT_EQ(untuned.final_norm_fused_into_lm_head(), gemv);
+  EXPECT_EQ(untuned.attention_inputs_fused_into_qkv(), gemv);
+  EXPECT_EQ(untuned.query_rotation_fused_into_qkv(), gemv);
+  if (!gemv) return;  // nothing fused, as checked above
+  options.decode_gemm = W4A16Options{W4A16Strategy::gemv, 0};
+  CudaEngine named(device_model, options);
+  EXPECT_EQ(prompt_and_decode_bits(untuned, 5), prompt_and_decode_bits(named, 5));
 }
 
 // Single-row steps whose QKV GEMM runs the gemv strategy make the attention

@@ -118,8 +118,9 @@ struct CudaEngineOptions {
   // The W4A16 options of single-row GEMMs when tune_decode_gemms is off
   // (default: auto's plan; tests force the gemv strategy with them).
   // The fusions below need the gemv strategy. They apply to single-row
-  // steps, and to decode steps of a few rows (2-4 on sm_90a) whose GEMMs
-  // `auto` plans on the gemv kernel (step_gemm_options).
+  // steps that run it (named here, tuned, or `auto` planning it: 1-4 rows
+  // on sm_90a), and to decode steps of 2-4 rows whose GEMMs `auto` plans on
+  // the gemv kernel (step_gemm_options).
   W4A16Options decode_gemm;
   // When a single-row down projection runs the gemv strategy, it reads
   // silu(gate) * up straight from the gate/up GEMM's output
@@ -225,6 +226,11 @@ class CudaEngine {
   bool norms_fused_into_gemms() const {
     return !model_.layers.empty() && fuses_norm(model_.layers.front().o, model_.layers.front().gate_up, 1);
   }
+  // Whether single-row steps do the last layer's add + RMSNorm inside its
+  // down GEMM and the lm_head (the same rule, with a w4 lm_head).
+  bool final_norm_fused_into_lm_head() const {
+    return !model_.layers.empty() && fuses_norm(model_.layers.back().down, model_.lm_head, 1);
+  }
   // Whether single-row steps make the attention inputs in the QKV GEMM
   // (CudaEngineOptions::fuse_attention_inputs_into_qkv and a gemv plan).
   bool attention_inputs_fused_into_qkv() const {
@@ -299,9 +305,12 @@ class CudaEngine {
   void linear(const DeviceLinear& w, const void* x, int64_t M, void* y) { linear(w, x, M, y, LinearFusion{}); }
   W4A16Options single_row_options(const DeviceLinear& w) const;
   // The W4A16 options of w's GEMM in a step of M rows of x: single_row_options
-  // at one row; the gemv strategy named in a decode step of rows that `auto`
-  // plans on gemv (so its fusions apply there too); else `auto`.
+  // at one row (with the gemv strategy named where they leave `auto` and
+  // `auto` plans gemv); the gemv strategy named in a decode step of rows that
+  // `auto` plans on gemv (so its fusions apply there too); else `auto`.
   W4A16Options step_gemm_options(const DeviceLinear& w, int64_t M) const;
+  // Whether `auto` plans w's GEMM of M rows on the gemv kernel (cached).
+  bool auto_plans_gemv(const DeviceLinear& w, int64_t M) const;
   bool down_fuses_silu(const DeviceLinear& down, int64_t M) const;
   // Whether the add + RMSNorm between producer's output and consumer's
   // input is done inside the two GEMMs (CudaEngineOptions::fuse_norms_into_gemms).
