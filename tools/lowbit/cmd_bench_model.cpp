@@ -48,9 +48,10 @@ void add_bench_model_command(CLI::App& bench) {
   model->add_option("--reps", options.reps, "Timed decode steps per point")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  model->add_flag("!--no-gemm-tuning", options.tune_gemms,
-                  "Run single-row W4A16 GEMMs with auto's plan instead of the fastest one timed per layer shape "
-                  "when the engine is made");
+  model->add_flag("--tune-gemms", options.tune_gemms,
+                  "Run single-row W4A16 GEMMs with the plan timed fastest per layer shape when the engine is made "
+                  "(each alone), instead of auto's plan (what lowbit generate runs by default; the faster decode "
+                  "step on the H100, docs/engine.md v28)");
   model->add_flag("!--no-query-rotation-fusion", options.fuse_query_rotation,
                   "With a Hadamard rotation: rotate the queries in the attention kernel, not in the qkv GEMM's "
                   "epilogue");

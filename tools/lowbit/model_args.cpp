@@ -87,11 +87,12 @@ void add_model_run_options(CLI::App& cmd, ModelRunOptions& o) {
       ->check(CLI::NonNegativeNumber);
   cmd.add_flag("--tune-gemms", o.tune_gemms,
                "CUDA: time the 4-bit GEMM kernels per layer shape when the model is loaded (a few ms each) and "
-               "decode single sequences with the fastest; where the GEMMs get the decode kernel, they also "
-               "read the SiLU, do the residual add + RMSNorm and the q/k norm + RoPE themselves (with a "
-               "Hadamard KV rotation, the default, also the query rotation) (faster; the "
-               "logits may then differ in the last bits from run to run, and from the same sequence decoded in a "
-               "batch: with a 4-bit KV cache such a difference can move a cache code)");
+               "decode single sequences with the fastest, each timed alone (not faster in a whole decode step on "
+               "an H100, docs/engine.md v28; the logits may then differ in the last bits from run to run, and from "
+               "the same sequence decoded in a batch: with a 4-bit KV cache such a difference can move a cache "
+               "code). Without it, auto's plan. Either way, GEMMs on the decode kernel also read the SiLU, do the "
+               "residual add + RMSNorm and the q/k norm + RoPE themselves (with a Hadamard KV rotation, the "
+               "default, also the query rotation)");
 }
 
 fs::path model_path(const ModelRunOptions& o) {

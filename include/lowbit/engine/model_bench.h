@@ -32,7 +32,7 @@ struct ModelBenchOptions {
   int64_t max_prefill_context = 4096;
   int reps = 20;
   bool graphs = true;  // also time the decode step replayed as a CUDA graph
-  bool tune_gemms = true;  // CudaEngineOptions::tune_decode_gemms
+  bool tune_gemms = false;  // CudaEngineOptions::tune_decode_gemms
   // After each decode and prefill measurement, time a few eager steps stage
   // by stage (StepBreakdown) and print where the step's time goes.
   bool breakdown = false;
