@@ -493,6 +493,7 @@ bool CudaEngine::qkv_rotates_queries(const DeviceLinear& qkv, int64_t M) const {
 void CudaEngine::linear(const DeviceLinear& w, const void* x, int64_t M, void* y, const LinearFusion& fusion) {
   if (w.w4) {
     W4A16Options options = step_gemm_options(w, M);
+    options.gemv_early_dependents_bytes = options_.gemv_early_dependents_bytes;
     options.x_silu_mul = fusion.x_silu_mul;
     if (fusion.x_norm != nullptr) {
       options.x_norm_weight = fusion.x_norm->data();

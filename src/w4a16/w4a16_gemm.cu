@@ -913,6 +913,7 @@ void w4a16_gemm(const TensorView& x, const W4A16Weights& w, const TensorView& y,
     a.x_norm_row_sq = options.x_norm_row_sq;
     a.x_norm_blocks = static_cast<int>(w4a16_row_sq_blocks(w.K()));
     a.x_norm_eps = options.x_norm_eps;
+    a.early_dependents = static_cast<int64_t>(w.qweight_bytes()) >= options.gemv_early_dependents_bytes;
     // Several passes of 8 rows read the weights again: no window then.
     if (options.l2_streaming && M <= w4a16_detail::kGemvRowsPerPass) a.weight_stream_bytes = w.qweight_bytes();
     if (options.attention_inputs != nullptr) {

@@ -36,7 +36,8 @@
 //   - Launched with programmatic dependent launch (lowbit/cuda/pdl.cuh): the
 //     first stages' weights and scales are requested before waiting for the
 //     previous kernel; x, y and the workspace only after. The next kernel is
-//     let launch at the same point, not after the K loop (v28).
+//     let launch at the same point when the weights are large (v28), else
+//     after the K loop.
 //   - No static shared memory: 16-48 bytes of it (a last-CTA flag, the
 //     rows' 1 / rms) ahead of the dynamic region cost a decode step 2.4% and
 //     single calls up to 5% (docs/w4a16-gemm.md, "v26").
@@ -531,15 +532,17 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
     cp_async_commit();
   }
 
-  // The next kernel may launch now: its CTAs take the SM slots this grid
-  // leaves, request their own first weights (or K/V tiles) and wait for this
-  // grid to complete, so their launch and first requests overlap this
-  // kernel's stream instead of its tail. Only once every CTA of this grid has
-  // got here, so a grid of several rounds of CTAs launches them all first.
-  // Letting them launch after the K loop instead (until v28) cost a Qwen3-14B
-  // decode step 2.5-4% (docs/engine.md, v28). Dependents read this kernel's
-  // outputs only after their own wait, which returns when this grid is done.
-  cuda::pdl_launch_dependents();
+  // With early_dependents (W4A16Options::gemv_early_dependents_bytes: large
+  // weights) the next kernel may launch now: its CTAs take the SM slots this
+  // grid leaves, request their own first weights (or K/V tiles) and wait for
+  // this grid to complete, so their launch and first requests overlap this
+  // kernel's stream instead of its tail (a Qwen3-14B decode step: +3%,
+  // docs/engine.md v28). The launch happens only once every CTA of this grid
+  // has got here, so a grid of several rounds of CTAs has launched them all.
+  // Dependents read this kernel's outputs only after their own wait, which
+  // returns when this grid is done. Small GEMMs let them launch after the K
+  // loop (below): early, a step of ~1 MB GEMMs lost 10%.
+  if (args.early_dependents) cuda::pdl_launch_dependents();
   // Everything above read only weights, which no kernel writes.
   cuda::pdl_wait();
 
@@ -719,6 +722,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
     }
   }
   cp_async_wait<0>();
+  if (!args.early_dependents) cuda::pdl_launch_dependents();
 
   if (kIo == GemvIo::residual && args.residual_row_sq != nullptr) {
     write_residual_outputs<T>(OutputArgs{args.y, args.ldy, args.partial, args.counters, args.N, args.N_pad,

@@ -64,6 +64,9 @@ struct TiledGemmArgs {
   const float* x_norm_row_sq;
   int x_norm_blocks;
   float x_norm_eps;
+  // gemv: let the next kernel launch before this one's wait (weights large
+  // enough that its launch hides behind their stream), else after the K loop.
+  bool early_dependents;
   bool attention_inputs;  // y is not written: `attention` is
   AttentionInputsArgs attention;
   // Host side only (the launch, not the kernel): W4A16Options::l2_streaming,

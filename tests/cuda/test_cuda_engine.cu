@@ -492,7 +492,9 @@ TEST(CudaEngine, KvAppendInsideTheAttentionGivesTheSameBits) {
 }
 
 // Decode steps replayed from a CUDA graph give the bits of eager steps: two
-// engines on one model, graphs on and off, fed the same tokens. The plan
+// engines on one model, graphs on and off, fed the same tokens (and a third,
+// graphs on, whose every gemv GEMM lets the next kernel launch before its
+// own wait: CudaEngineOptions::gemv_early_dependents_bytes = 0). The plan
 // length is 16 tokens, so the rows cross several plan lengths (a new capture
 // each time); a prefill of a third sequence between decode steps drops the
 // graph (it may grow the buffers the graph points to), a released sequence
@@ -511,7 +513,12 @@ TEST(CudaEngine, DecodeGraphsGiveTheBitsOfEagerSteps) {
   CudaEngine eager(device_model, options);
   options.decode_graphs = true;
   CudaEngine graphed(device_model, options);
-  CudaEngine* engines[2] = {&eager, &graphed};
+  // And every gemv GEMM letting the next kernel launch before its wait (the
+  // large models' way; this model's GEMMs are below the default threshold):
+  // the same bits, or a kernel reads before its inputs are complete.
+  options.gemv_early_dependents_bytes = 0;
+  CudaEngine graphed_early(device_model, options);
+  CudaEngine* engines[3] = {&eager, &graphed, &graphed_early};
   const int64_t vocab = model.config.vocab;
   auto logit_bits = [&](CudaEngine& e) {
     LOWBIT_CUDA_CHECK(cudaStreamSynchronize(e.stream()));
@@ -523,8 +530,8 @@ TEST(CudaEngine, DecodeGraphsGiveTheBitsOfEagerSteps) {
   // One step on both engines: rows of (sequence, new tokens); returns the
   // eager engine's greedy token per row.
   auto step_both = [&](const std::vector<std::pair<int, std::vector<int32_t>>>& inputs, int step) {
-    std::vector<uint16_t> bits[2];
-    for (int k = 0; k < 2; ++k) {
+    std::vector<uint16_t> bits[3];
+    for (int k = 0; k < 3; ++k) {
       CudaEngine& e = *engines[k];
       std::vector<StepRow> rows;
       std::vector<int32_t> tokens;
@@ -537,6 +544,7 @@ TEST(CudaEngine, DecodeGraphsGiveTheBitsOfEagerSteps) {
       bits[k] = logit_bits(e);
     }
     EXPECT_EQ(bits[0], bits[1]) << "step " << step;
+    EXPECT_EQ(bits[0], bits[2]) << "step " << step << " (early dependents)";
     std::vector<int32_t> next;
     for (size_t r = 0; r < inputs.size(); ++r) {
       int32_t best = 0;
@@ -549,10 +557,12 @@ TEST(CudaEngine, DecodeGraphsGiveTheBitsOfEagerSteps) {
     }
     return next;
   };
-  int a[2], b[2];
-  for (int k = 0; k < 2; ++k) a[k] = engines[k]->add_sequence(), b[k] = engines[k]->add_sequence();
+  int a[3], b[3];
+  for (int k = 0; k < 3; ++k) a[k] = engines[k]->add_sequence(), b[k] = engines[k]->add_sequence();
   ASSERT_EQ(a[0], a[1]);
   ASSERT_EQ(b[0], b[1]);
+  ASSERT_EQ(a[0], a[2]);
+  ASSERT_EQ(b[0], b[2]);
   std::vector<int32_t> next = step_both({{a[0], {3, 14, 15, 92, 65}}}, 0);
   std::vector<int32_t> next_b = step_both({{b[0], {7, 1, 8, 2, 8, 1, 8, 2, 8, 4, 5, 9}}}, 1);
   int step = 2;
@@ -562,8 +572,8 @@ TEST(CudaEngine, DecodeGraphsGiveTheBitsOfEagerSteps) {
     next_b = {both[1]};
   }
   // A prefill between decode steps, then the three rows decode together.
-  int c[2];
-  for (int k = 0; k < 2; ++k) c[k] = engines[k]->add_sequence();
+  int c[3];
+  for (int k = 0; k < 3; ++k) c[k] = engines[k]->add_sequence();
   std::vector<int32_t> next_c = step_both({{c[0], {11, 12, 13}}}, step++);
   for (int i = 0; i < 12; ++i, ++step) {
     const std::vector<int32_t> all = step_both({{a[0], {next[0]}}, {b[0], {next_b[0]}}, {c[0], {next_c[0]}}}, step);
@@ -572,7 +582,7 @@ TEST(CudaEngine, DecodeGraphsGiveTheBitsOfEagerSteps) {
     next_c = {all[2]};
   }
   // b released: the rows change again.
-  for (int k = 0; k < 2; ++k) engines[k]->release_sequence(b[k]);
+  for (int k = 0; k < 3; ++k) engines[k]->release_sequence(b[k]);
   for (int i = 0; i < 8; ++i, ++step) {
     const std::vector<int32_t> two = step_both({{a[0], {next[0]}}, {c[0], {next_c[0]}}}, step);
     next = {two[0]};
@@ -584,6 +594,8 @@ TEST(CudaEngine, DecodeGraphsGiveTheBitsOfEagerSteps) {
   // before the replays start: 7 keys here (a+b at plan lengths 16, 32, 48;
   // the three rows at 48 and 64; a+c at 48 and 64).
   EXPECT_EQ(graphed.graph_replays(), 48 - 7);
+  EXPECT_TRUE(graphed_early.graph_failure().empty()) << graphed_early.graph_failure();
+  EXPECT_EQ(graphed_early.graph_replays(), 48 - 7);
 }
 
 // `lowbit generate` warms the CUDA backend up before timing the prefill

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <cstring>
 #include <cstdio>
 #include <utility>
@@ -350,6 +351,52 @@ TEST(W4A16Gemm, L2StreamingWindowGivesTheSameBits) {
       EXPECT_EQ(run_gpu(p, w, ws, without), y) << "other bits without the L2 streaming window";
     }
   }
+}
+
+// W4A16Options::gemv_early_dependents_bytes: a gemv call lets the next
+// kernel launch before its own wait (0: every call) or after its K loop (the
+// default at this size). A chain of dependent calls launched back to back on
+// one stream, each reading the previous one's output and reusing the same
+// split-K partials and counters, must give the same bits either way (a
+// dependent reading early would move them), and each link must match the
+// CPU reference on its own input.
+TEST(W4A16Gemm, GemvEarlyDependentLaunchGivesTheSameBits) {
+  LOWBIT_REQUIRE_GPU();
+  W4A16Workspace ws;
+  constexpr int64_t K = 1024, kLinks = 6;
+  const formats::QuantizedLinear layer = test::random_layer(K, K, 128, ZeroKind::asym, 733);
+  // bf16: this layer grows the values ~8x per link, past fp16's range by the fifth.
+  const W4A16Weights w = W4A16Weights::prepare(layer, DType::bf16);
+  for (const int64_t M : {1, 3})
+    for (const int split : {0, 3}) {
+      SCOPED_TRACE("M=" + std::to_string(M) + " split " + std::to_string(split));
+      std::vector<std::vector<uint16_t>> chains[2];
+      for (int early = 0; early < 2; ++early) {
+        W4A16Options o{W4A16Strategy::gemv, split};
+        o.gemv_early_dependents_bytes = early ? 0 : std::numeric_limits<int64_t>::max();
+        const size_t bytes = static_cast<size_t>(M * K) * 2;
+        std::vector<Buffer> y;
+        for (int64_t i = 0; i <= kLinks; ++i) y.emplace_back(bytes, Device::cuda);
+        const Problem first = make_problem(M, layer, DType::bf16, 740 + static_cast<uint64_t>(M));
+        Buffer::copy(y[0].data(), Device::cuda, first.x.data(), Device::cpu, bytes);
+        for (int64_t i = 1; i <= kLinks; ++i) LOWBIT_CUDA_CHECK(cudaMemset(y[i].data(), 0xFF, bytes));
+        LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+        for (int64_t i = 0; i < kLinks; ++i)
+          w4a16_gemm(TensorView::contiguous(y[i].data(), DType::bf16, {M, K}, Device::cuda), w,
+                     TensorView::contiguous(y[i + 1].data(), DType::bf16, {M, K}, Device::cuda), ws, o);
+        LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+        for (int64_t i = 0; i <= kLinks; ++i) {
+          std::vector<uint16_t> host(static_cast<size_t>(M * K));
+          Buffer::copy(host.data(), Device::cpu, y[i].data(), Device::cuda, bytes);
+          chains[early].push_back(std::move(host));
+        }
+      }
+      for (int64_t i = 1; i <= kLinks; ++i) {
+        EXPECT_EQ(chains[1][i], chains[0][i]) << "link " << i << ": other bits with early dependents";
+        Problem p{M, layer, DType::bf16, chains[1][i - 1], {}, {}};
+        EXPECT_TRUE(matches_reference(make_problem_from(std::move(p)), chains[1][i])) << "link " << i;
+      }
+    }
 }
 
 // W4A16Options::x_silu_mul: the gemv kernel reading x = silu(gate) * up

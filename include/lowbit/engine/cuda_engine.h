@@ -157,6 +157,11 @@ struct CudaEngineOptions {
   // it (kv::DeviceDecodeOptions::append_k): no KV append kernel between the
   // QKV GEMM and the attention, the same cache bytes.
   bool fuse_kv_append_into_attention = true;
+  // W4A16Options::gemv_early_dependents_bytes of every gemv call: from this
+  // many bytes of codes a GEMM lets the next kernel launch before its own
+  // wait (Qwen3-14B's GEMMs, 13-400 MB: a decode step 3% faster; tests set 0
+  // to run small models that way too).
+  int64_t gemv_early_dependents_bytes = W4A16Options{}.gemv_early_dependents_bytes;
 };
 
 // One row of a step: `n` new tokens of sequence `seq` at positions

@@ -230,6 +230,15 @@ struct W4A16Options {
   // cache hint: the same bits either way (tests compare).
   // LOWBIT_L2_STREAMING=0 in the environment turns every such window off.
   bool l2_streaming = true;
+  // gemv: from this many bytes of 4-bit codes the kernel lets the next kernel
+  // of the stream launch (programmatic dependent launch, lowbit/cuda/pdl.cuh)
+  // before its own wait for the previous one, so that the next kernel's launch
+  // and first weight requests overlap this one's stream; below, after its K
+  // loop. On the H100 (docs/engine.md, v28): a Qwen3-14B decode step (13-400
+  // MB per GEMM) gains 3%, a decode step of ~1 MB GEMMs (SmolLM2-135M's
+  // shape) loses 10% when every GEMM does it and nothing when only its
+  // largest (1 MB) does. 0: every call; the same bits either way (tested).
+  int64_t gemv_early_dependents_bytes = int64_t{4} << 20;
 };
 
 // W4A16Options::residual_row_sq of an N-column GEMM: blocks of 128 columns
