@@ -536,7 +536,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
   // weights) the next kernel may launch now: its CTAs take the SM slots this
   // grid leaves, request their own first weights (or K/V tiles) and wait for
   // this grid to complete, so their launch and first requests overlap this
-  // kernel's stream instead of its tail (a Qwen3-14B decode step: +3%,
+  // kernel's stream instead of its tail (a Qwen3-14B decode step: +2-4%,
   // docs/engine.md v28). The launch happens only once every CTA of this grid
   // has got here, so a grid of several rounds of CTAs has launched them all.
   // Dependents read this kernel's outputs only after their own wait, which

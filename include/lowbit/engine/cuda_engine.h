@@ -159,7 +159,7 @@ struct CudaEngineOptions {
   bool fuse_kv_append_into_attention = true;
   // W4A16Options::gemv_early_dependents_bytes of every gemv call: from this
   // many bytes of codes a GEMM lets the next kernel launch before its own
-  // wait (Qwen3-14B's GEMMs, 13-400 MB: a decode step 3% faster; tests set 0
+  // wait (Qwen3-14B's GEMMs, 13-400 MB: a decode step 2-4% faster; tests set 0
   // to run small models that way too).
   int64_t gemv_early_dependents_bytes = W4A16Options{}.gemv_early_dependents_bytes;
 };

@@ -235,7 +235,7 @@ struct W4A16Options {
   // before its own wait for the previous one, so that the next kernel's launch
   // and first weight requests overlap this one's stream; below, after its K
   // loop. On the H100 (docs/engine.md, v28): a Qwen3-14B decode step (13-400
-  // MB per GEMM) gains 3%, a decode step of ~1 MB GEMMs (SmolLM2-135M's
+  // MB per GEMM) gains 2-4%, a decode step of ~1 MB GEMMs (SmolLM2-135M's
   // shape) loses 10% when every GEMM does it and nothing when only its
   // largest (1 MB) does. 0: every call; the same bits either way (tested).
   int64_t gemv_early_dependents_bytes = int64_t{4} << 20;
