@@ -637,7 +637,8 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
     const int least = w4a16_detail::gemv_min_split(M, iters, w.device());
     const int choice = options.split_k > 0
                            ? options.split_k
-                           : w4a16_detail::gemv_choose_split(static_cast<int>(w.N_padded()), iters, w.device());
+                           : w4a16_detail::gemv_choose_split(M, static_cast<int>(w.N_padded()), iters,
+                                                             w.group_size() == 32, w.device());
     plan.split_k = std::clamp(choice, least, std::max(least, iters));
     return plan;
   }

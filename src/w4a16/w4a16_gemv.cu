@@ -785,10 +785,11 @@ int smem_for(int M, int iters, int split, bool two_groups) {
 }
 
 struct DeviceLimits {
-  int sms = 0, smem_per_cta = 0;
+  int sms = 0, smem_per_cta = 0, smem_per_sm = 0, cc_major = 0;
 };
-// Per device, queried once: the SM count (the split rule) and the dynamic
-// shared memory a CTA may take (the least split).
+// Per device, queried once: the SM count (the split rule), the dynamic
+// shared memory a CTA may take (the least split), and what the resident
+// CTAs per SM follow from (gemv_choose_split).
 const DeviceLimits& device_limits(int device) {
   static std::mutex mutex;
   static std::map<int, DeviceLimits> cache;
@@ -798,6 +799,8 @@ const DeviceLimits& device_limits(int device) {
   DeviceLimits l;
   LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&l.sms, cudaDevAttrMultiProcessorCount, device));
   LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&l.smem_per_cta, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&l.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+  LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&l.cc_major, cudaDevAttrComputeCapabilityMajor, device));
   return cache.emplace(device, l).first->second;
 }
 
@@ -829,12 +832,19 @@ int gemv_min_split(int64_t M, int iters, int device) {
   return std::max(1, iters);
 }
 
-int gemv_choose_split(int N_pad, int iters, int device) {
+int gemv_choose_split(int64_t M, int N_pad, int iters, bool two_groups, int device) {
   // gemv_split_rule (w4a16_tune_rule.h): ~16 k-iterations per CTA. It
   // replaced a model of rounds of resident CTAs (each a range plus a fixed
   // cost) that picked split 16 for 4096 x 4096 and 2 for Qwen3-14B's gate/up
-  // where 4-8 were best (docs/w4a16-gemm.md, v26).
-  return gemv_split_rule(iters, gemv_col_blocks(N_pad), device_limits(device).sms);
+  // where 4-8 were best (docs/w4a16-gemm.md, v26). The resident CTAs per SM
+  // (for its last-round check): the register budget the kernel is built for
+  // (min_ctas_per_sm) and the shared memory of a CTA at ~16 k-iterations
+  // (plus the 1 KB the hardware reserves per CTA).
+  const DeviceLimits& l = device_limits(device);
+  const int by_registers = l.cc_major < 9 || two_groups ? 4 : 5;
+  const int rows = static_cast<int>(std::min<int64_t>(M, kGemvRowsPerPass));
+  const int by_smem = l.smem_per_sm / (smem_for(rows, iters, std::clamp((iters + 8) / 16, 1, 16), two_groups) + 1024);
+  return gemv_split_rule(iters, gemv_col_blocks(N_pad), l.sms, std::max(1, std::min(by_registers, by_smem)));
 }
 
 void launch_gemv(const GemvArgs& args, bool bf16, bool float_zero, int device, cudaStream_t stream) {

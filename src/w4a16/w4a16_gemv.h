@@ -28,9 +28,10 @@ inline constexpr int kGemvRowSqCopies = 16;
 inline constexpr int gemv_row_sq_copy_stride(int blocks) { return (blocks + 31) / 32 * 32; }
 // The least K split whose share of x fits in a CTA's shared memory.
 int gemv_min_split(int64_t M, int iters, int device);
-// The K split `auto` (at one row) and an unset W4A16Options::split_k use:
-// gemv_split_rule (lowbit/w4a16/w4a16_tune_rule.h) on this device's SMs.
-int gemv_choose_split(int N_pad, int iters, int device);
+// The K split `auto` (at 1-4 rows) and an unset W4A16Options::split_k use:
+// gemv_split_rule (lowbit/w4a16/w4a16_tune_rule.h) on this device's SMs and
+// the kernel's resident CTAs per SM at M rows (two_groups: group size 32).
+int gemv_choose_split(int64_t M, int N_pad, int iters, bool two_groups, int device);
 // Compute capability 8.0 or later (cp.async, mma.sync).
 void launch_gemv(const GemvArgs& args, bool bf16, bool float_zero, int device, cudaStream_t stream);
 

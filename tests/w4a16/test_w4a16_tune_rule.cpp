@@ -46,32 +46,40 @@ TEST(W4A16TuneRule, RejectsEmptyListsAndBadSplits) {
 }
 
 // The untimed split (gemv_split_rule): ~16 k-iterations per CTA, at most
-// 16 ways, more for grids that would leave most SMs idle. The nine
-// benchmark shapes on an H100 (132 SMs), with the splits the M = 1 sweeps
-// measured best in parentheses (docs/w4a16-gemm.md, v26).
+// 16 ways, more for grids that would leave most SMs idle, one fewer where a
+// grid of several rounds of resident CTAs would end on a nearly empty round.
+// The nine benchmark shapes on an H100 (132 SMs, 5 resident CTAs per SM at
+// one row and group 128), with the splits the M = 1 sweeps measured best in
+// parentheses (docs/w4a16-gemm.md, v26).
 TEST(W4A16TuneRule, UntimedSplitGivesAboutSixteenIterationsPerCta) {
   struct Shape { int iters; int64_t blocks; int split; };
   for (const Shape s : {Shape{64, 32, 4},      // 4096 x 4096 (split 4 best)
                         Shape{128, 64, 8},     // 8192 x 8192 (8)
-                        Shape{256, 128, 16},   // 16384 x 16384 (16; 2-8 within 1%)
+                        Shape{256, 128, 15},   // 16384 x 16384 (16; 2-8 within 1%): 16 is 3 rounds + 68 CTAs
                         Shape{80, 56, 5},      // Qwen3-14B qkv (4; 5 is 7% slower)
                         Shape{80, 40, 5},      // o (5)
-                        Shape{80, 272, 5},     // gate/up (4; 5 within 3%)
+                        Shape{80, 272, 4},     // gate/up (4; 5 within 3%): 5 is 2 rounds + 40 CTAs
                         Shape{272, 40, 16},    // down (16)
-                        Shape{128, 448, 8},    // Llama-70B gate/up (8)
+                        Shape{128, 448, 8},    // Llama-70B gate/up (8): its last round 43% full
                         Shape{448, 64, 16}}) { // Llama-70B down (16)
-    EXPECT_EQ(gemv_split_rule(s.iters, s.blocks, 132), s.split) << s.iters << " x " << s.blocks;
+    EXPECT_EQ(gemv_split_rule(s.iters, s.blocks, 132, 5), s.split) << s.iters << " x " << s.blocks;
   }
+  // The last-round check follows the resident CTAs: at 4 per SM (528) split
+  // 5 of the gate/up GEMM is 2 rounds + 304 CTAs, and split 4 stays at 5.
+  EXPECT_EQ(gemv_split_rule(80, 272, 132, 4), 5);
+  // One round or less: no change (the down GEMM, 640 CTAs of 660).
+  EXPECT_EQ(gemv_split_rule(272, 40, 132, 5), 16);
   // A narrow layer: one 128-column block would be 4 CTAs; it takes up to an
   // SM each while 4 k-iterations per CTA remain.
-  EXPECT_EQ(gemv_split_rule(64, 1, 132), 16);
-  EXPECT_EQ(gemv_split_rule(8, 1, 132), 2);
+  EXPECT_EQ(gemv_split_rule(64, 1, 132, 5), 16);
+  EXPECT_EQ(gemv_split_rule(8, 1, 132, 5), 2);
   // Short K: never more parts than k-iterations.
-  EXPECT_EQ(gemv_split_rule(1, 1, 132), 1);
-  EXPECT_EQ(gemv_split_rule(3, 2, 132), 1);
-  EXPECT_TRUE(test::throws_error([] { gemv_split_rule(0, 1, 132); }, ErrorKind::invalid_argument, "iters"));
-  EXPECT_TRUE(test::throws_error([] { gemv_split_rule(8, 0, 132); }, ErrorKind::invalid_argument, "col_blocks"));
-  EXPECT_TRUE(test::throws_error([] { gemv_split_rule(8, 1, 0); }, ErrorKind::invalid_argument, "sms"));
+  EXPECT_EQ(gemv_split_rule(1, 1, 132, 5), 1);
+  EXPECT_EQ(gemv_split_rule(3, 2, 132, 5), 1);
+  EXPECT_TRUE(test::throws_error([] { gemv_split_rule(0, 1, 132, 5); }, ErrorKind::invalid_argument, "iters"));
+  EXPECT_TRUE(test::throws_error([] { gemv_split_rule(8, 0, 132, 5); }, ErrorKind::invalid_argument, "col_blocks"));
+  EXPECT_TRUE(test::throws_error([] { gemv_split_rule(8, 1, 0, 5); }, ErrorKind::invalid_argument, "sms"));
+  EXPECT_TRUE(test::throws_error([] { gemv_split_rule(8, 1, 132, 0); }, ErrorKind::invalid_argument, "ctas_per_sm"));
 }
 
 }  // namespace
