@@ -844,7 +844,7 @@ int gemv_choose_split(int64_t M, int N_pad, int iters, bool two_groups, int devi
   const int by_registers = l.cc_major < 9 || two_groups ? 4 : 5;
   const int rows = static_cast<int>(std::min<int64_t>(M, kGemvRowsPerPass));
   const int by_smem = l.smem_per_sm / (smem_for(rows, iters, std::clamp((iters + 8) / 16, 1, 16), two_groups) + 1024);
-  return gemv_split_rule(iters, gemv_col_blocks(N_pad), l.sms, std::max(1, std::min(by_registers, by_smem)));
+  return gemv_split_rule(iters, gemv_col_blocks(N_pad), l.sms, std::max(1, std::min(by_registers, by_smem)), M);
 }
 
 void launch_gemv(const GemvArgs& args, bool bf16, bool float_zero, int device, cudaStream_t stream) {

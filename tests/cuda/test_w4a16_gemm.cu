@@ -893,7 +893,7 @@ TEST(W4A16Gemm, WgmmaRunsOnComputeCapability9) {
     const W4A16Plan plan = w4a16_plan(M, w);
     EXPECT_EQ(plan.strategy, W4A16Strategy::gemv) << "M = " << M;
     // (One column block: a single round, so the resident CTAs do not matter.)
-    EXPECT_EQ(plan.split_k, gemv_split_rule(4, 1, cuda_device_info(0).sm_count, 1)) << "M = " << M;
+    EXPECT_EQ(plan.split_k, gemv_split_rule(4, 1, cuda_device_info(0).sm_count, 1, M)) << "M = " << M;
   }
   // M > 512: wgmma when its 256-row tiles fill the waves of the device,
   // decoupled when they do not (here: 4 tiles).

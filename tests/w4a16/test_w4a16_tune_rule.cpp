@@ -46,8 +46,9 @@ TEST(W4A16TuneRule, RejectsEmptyListsAndBadSplits) {
 }
 
 // The untimed split (gemv_split_rule): ~16 k-iterations per CTA, at most
-// 16 ways, more for grids that would leave most SMs idle, one fewer where a
-// grid of several rounds of resident CTAs would end on a nearly empty round.
+// 16 ways, more for grids that would leave most SMs idle, one fewer (at one
+// row) where a grid of several rounds of resident CTAs would end on a nearly
+// empty round.
 // The nine benchmark shapes on an H100 (132 SMs, 5 resident CTAs per SM at
 // one row and group 128), with the splits the M = 1 sweeps measured best in
 // parentheses (docs/w4a16-gemm.md, v26).
@@ -62,24 +63,32 @@ TEST(W4A16TuneRule, UntimedSplitGivesAboutSixteenIterationsPerCta) {
                         Shape{272, 40, 16},    // down (16)
                         Shape{128, 448, 8},    // Llama-70B gate/up (8): its last round 43% full
                         Shape{448, 64, 16}}) { // Llama-70B down (16)
-    EXPECT_EQ(gemv_split_rule(s.iters, s.blocks, 132, 5), s.split) << s.iters << " x " << s.blocks;
+    EXPECT_EQ(gemv_split_rule(s.iters, s.blocks, 132, 5, 1), s.split) << s.iters << " x " << s.blocks;
+  }
+  // The last-round check is made at one row only: at 2-4 rows the gate/up
+  // GEMM keeps split 5 (split 4 made those decode steps slower, v29), and so
+  // does 16384 x 16384.
+  for (const int64_t rows : {2, 3, 4, 8}) {
+    EXPECT_EQ(gemv_split_rule(80, 272, 132, 5, rows), 5) << rows << " rows";
+    EXPECT_EQ(gemv_split_rule(256, 128, 132, 5, rows), 16) << rows << " rows";
   }
   // The last-round check follows the resident CTAs: at 4 per SM (528) split
   // 5 of the gate/up GEMM is 2 rounds + 304 CTAs, and split 4 stays at 5.
-  EXPECT_EQ(gemv_split_rule(80, 272, 132, 4), 5);
+  EXPECT_EQ(gemv_split_rule(80, 272, 132, 4, 1), 5);
   // One round or less: no change (the down GEMM, 640 CTAs of 660).
-  EXPECT_EQ(gemv_split_rule(272, 40, 132, 5), 16);
+  EXPECT_EQ(gemv_split_rule(272, 40, 132, 5, 1), 16);
   // A narrow layer: one 128-column block would be 4 CTAs; it takes up to an
   // SM each while 4 k-iterations per CTA remain.
-  EXPECT_EQ(gemv_split_rule(64, 1, 132, 5), 16);
-  EXPECT_EQ(gemv_split_rule(8, 1, 132, 5), 2);
+  EXPECT_EQ(gemv_split_rule(64, 1, 132, 5, 1), 16);
+  EXPECT_EQ(gemv_split_rule(8, 1, 132, 5, 1), 2);
   // Short K: never more parts than k-iterations.
-  EXPECT_EQ(gemv_split_rule(1, 1, 132, 5), 1);
-  EXPECT_EQ(gemv_split_rule(3, 2, 132, 5), 1);
-  EXPECT_TRUE(test::throws_error([] { gemv_split_rule(0, 1, 132, 5); }, ErrorKind::invalid_argument, "iters"));
-  EXPECT_TRUE(test::throws_error([] { gemv_split_rule(8, 0, 132, 5); }, ErrorKind::invalid_argument, "col_blocks"));
-  EXPECT_TRUE(test::throws_error([] { gemv_split_rule(8, 1, 0, 5); }, ErrorKind::invalid_argument, "sms"));
-  EXPECT_TRUE(test::throws_error([] { gemv_split_rule(8, 1, 132, 0); }, ErrorKind::invalid_argument, "ctas_per_sm"));
+  EXPECT_EQ(gemv_split_rule(1, 1, 132, 5, 1), 1);
+  EXPECT_EQ(gemv_split_rule(3, 2, 132, 5, 1), 1);
+  EXPECT_TRUE(test::throws_error([] { gemv_split_rule(0, 1, 132, 5, 1); }, ErrorKind::invalid_argument, "iters"));
+  EXPECT_TRUE(test::throws_error([] { gemv_split_rule(8, 0, 132, 5, 1); }, ErrorKind::invalid_argument, "col_blocks"));
+  EXPECT_TRUE(test::throws_error([] { gemv_split_rule(8, 1, 0, 5, 1); }, ErrorKind::invalid_argument, "sms"));
+  EXPECT_TRUE(test::throws_error([] { gemv_split_rule(8, 1, 132, 0, 1); }, ErrorKind::invalid_argument, "ctas_per_sm"));
+  EXPECT_TRUE(test::throws_error([] { gemv_split_rule(8, 1, 132, 5, 0); }, ErrorKind::invalid_argument, "rows"));
 }
 
 }  // namespace

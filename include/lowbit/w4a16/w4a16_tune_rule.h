@@ -29,18 +29,21 @@ inline constexpr double kGemvSplitMargin = 0.03;
 // with split_k 0): about 16 k-iterations (1024 rows of K) per CTA, at most
 // 16 ways, and more where the grid would leave most SMs idle (fewer CTAs
 // than half of `sms`: up to `sms` CTAs, keeping 4 k-iterations per CTA).
-// Then, for a grid of more CTAs than `sms` x `ctas_per_sm` (resident at
-// once) whose last round would be less than a quarter full, one split fewer
-// where that fills the last round better: in a Qwen3-14B decode step whose
-// GEMMs let the next kernel launch early, its gate/up GEMM at split 4 (1.65
-// rounds) instead of 5 (2 rounds and 6%) made the step 1.5-2% faster
-// (docs/engine.md, v28).
+// Then, at one row (`rows` == 1), for a grid of more CTAs than `sms` x
+// `ctas_per_sm` (resident at once) whose last round would be less than a
+// quarter full, one split fewer where that fills the last round better: in
+// a Qwen3-14B decode step whose GEMMs let the next kernel launch early, its
+// gate/up GEMM at split 4 (1.65 rounds) instead of 5 (2 rounds and 6%) made
+// the batch-1 step 0.9% faster; at 2-3 rows the same change made the step
+// 0.3-0.7% slower, so it is not made there (docs/engine.md, v29).
 // From the H100 M = 1 sweeps of the nine benchmark shapes (docs/w4a16-gemm.md,
 // v26): the best measured split or within 3% of it on seven shapes; 7% off
 // on Qwen3-14B's qkv (split 4 best; the o projection, as many k-iterations,
 // wants 5). iters: k-iterations of 64 rows; col_blocks: the grid's
-// 128-column blocks; ctas_per_sm: the kernel's resident CTAs per SM.
-// Error(invalid_argument) for iters, col_blocks, sms or ctas_per_sm below 1.
-int gemv_split_rule(int iters, int64_t col_blocks, int sms, int ctas_per_sm);
+// 128-column blocks; ctas_per_sm: the kernel's resident CTAs per SM; rows:
+// the rows of x (M).
+// Error(invalid_argument) for iters, col_blocks, sms, ctas_per_sm or rows
+// below 1.
+int gemv_split_rule(int iters, int64_t col_blocks, int sms, int ctas_per_sm, int64_t rows);
 
 }  // namespace lowbit
