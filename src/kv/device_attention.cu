@@ -843,7 +843,14 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32, Til
     __syncwarp();  // the stage is refilled by the next iteration's issue
   }
   cp_async_wait<0>();
-  cuda::pdl_launch_dependents();  // the next kernel may launch; it waits for this grid to finish
+  // The next kernel may launch; it waits for this grid to finish. With the
+  // merge kernel next, right away. With the merge in a cluster, at exit
+  // (no call): the o GEMM that follows in a decode step then no longer
+  // requests its first weights while this grid merges, whose cluster
+  // merge's loads from the other CTAs took 2.8 us there (against ~0.5 us
+  // alone; per-CTA timer stamps), and Qwen3-14B's batch 1-4 steps ran
+  // 0.7-1.3% faster (docs/engine.md, v29).
+  if (!a.cluster_merge) cuda::pdl_launch_dependents();
   __syncthreads();
 
   // Merge the warps' states: [warp][8 heads][kMergeRow<D>] outputs (the
