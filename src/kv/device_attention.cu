@@ -846,10 +846,10 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32, Til
   // The next kernel may launch; it waits for this grid to finish. With the
   // merge kernel next, right away. With the merge in a cluster, at exit
   // (no call): the o GEMM that follows in a decode step then no longer
-  // requests its first weights while this grid merges, whose cluster
-  // merge's loads from the other CTAs took 2.8 us there (against ~0.5 us
-  // alone; per-CTA timer stamps), and Qwen3-14B's batch 1-4 steps ran
-  // 0.7-1.3% faster (docs/engine.md, v29).
+  // requests its first weights while this grid merges (the cluster merge's
+  // loads from the other CTAs took 2.8 us there, per-CTA timer stamps), and
+  // Qwen3-14B's batch 1 / 3 / 4 steps ran 0.7-1.3% faster, batch 2 within
+  // its spread (docs/engine.md, v29).
   if (!a.cluster_merge) cuda::pdl_launch_dependents();
   __syncthreads();
 
