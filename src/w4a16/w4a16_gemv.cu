@@ -82,12 +82,14 @@ constexpr int kDepth = 6;  // k-iterations in flight per thread
 // on Hopper (~40 KB per CTA of 227 KB); group 32's larger ring (~49 KB), and
 // sm_80's 164 KB per SM, allow 4 whatever the registers, so those variants
 // take the 64 registers instead of spilling.
+// (The host's split rule takes the same number: gemv_choose_split.)
+constexpr int ctas_per_sm_budget(bool two_groups, bool hopper) { return hopper && !two_groups ? 5 : 4; }
 template <bool kTwoGroups>
 constexpr int min_ctas_per_sm() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-  return 4;
+  return ctas_per_sm_budget(kTwoGroups, false);
 #else
-  return kTwoGroups ? 4 : 5;
+  return ctas_per_sm_budget(kTwoGroups, true);
 #endif
 }
 // The scale and zero point are applied once per window of up to 4
@@ -841,7 +843,7 @@ int gemv_choose_split(int64_t M, int N_pad, int iters, bool two_groups, int devi
   // (min_ctas_per_sm) and the shared memory of a CTA at ~16 k-iterations
   // (plus the 1 KB the hardware reserves per CTA).
   const DeviceLimits& l = device_limits(device);
-  const int by_registers = l.cc_major < 9 || two_groups ? 4 : 5;
+  const int by_registers = ctas_per_sm_budget(two_groups, l.cc_major >= 9);
   const int rows = static_cast<int>(std::min<int64_t>(M, kGemvRowsPerPass));
   const int by_smem = l.smem_per_sm / (smem_for(rows, iters, std::clamp((iters + 8) / 16, 1, 16), two_groups) + 1024);
   return gemv_split_rule(iters, gemv_col_blocks(N_pad), l.sms, std::max(1, std::min(by_registers, by_smem)), M);
