@@ -957,6 +957,11 @@ class CudaBackend final : public Backend {
 std::unique_ptr<Backend> make_cuda_backend(const Model& model, const KvOptions& kv, bool quantize_dense_to_w4,
                                            bool tune_gemms) {
   if (cuda_device_count() == 0) fail(ErrorKind::unsupported, "--device cuda: no CUDA device is visible");
+  // The device cache and its attention kernels hold no fp16 copies of the
+  // newest tokens; the CPU backend does (--device auto then runs there).
+  if (kv.has_fp16_window())
+    fail(ErrorKind::unsupported, "the CUDA backend has no fp16 window of recent K/V (--kv-fp16-window ",
+         kv.fp16_window, "); the CPU backend has one (--device cpu)");
   return std::make_unique<CudaBackend>(model, kv, quantize_dense_to_w4, tune_gemms);
 }
 

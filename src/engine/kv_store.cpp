@@ -37,10 +37,20 @@ void KvOptions::validate() const {
     fail_argument("kv", describe(), "fp32 for both K and V or for neither (the paged cache stores fp16 or tq)");
   LOWBIT_CHECK_ARG(max_tokens > 0, "max_tokens", max_tokens, "a positive count");
   LOWBIT_CHECK_ARG(max_sequences > 0, "max_sequences", max_sequences, "a positive count");
+  LOWBIT_CHECK_ARG(fp16_window >= 0, "fp16_window", fp16_window, "a count of tokens, 0 or more");
+  if (fp16_window > 0 && reference_attention)
+    fail_argument("fp16_window", fp16_window, "0 with reference_attention (the kv module's kernels have no window)");
+}
+
+bool KvOptions::has_fp16_window() const {
+  const auto dense = [](KvStorage s) { return s == KvStorage::fp32 || s == KvStorage::fp16; };
+  return fp16_window > 0 && !(dense(k) && dense(v));
 }
 
 std::string KvOptions::describe() const {
-  return std::string("K ") + kv_storage_name(k) + ", V " + kv_storage_name(v);
+  std::string s = std::string("K ") + kv_storage_name(k) + ", V " + kv_storage_name(v);
+  if (has_fp16_window()) s += ", newest " + std::to_string(fp16_window) + " tokens also fp16";
+  return s;
 }
 
 namespace {
@@ -195,12 +205,18 @@ class PagedKvStore final : public KvStore {
   int add_sequence() override {
     if (active_ >= options_.max_sequences)
       fail(ErrorKind::invalid_argument, "KV cache: all ", options_.max_sequences, " sequences are in use");
+    const int seq = cache_.add_sequence();
     ++active_;
-    return cache_.add_sequence();
+    if (options_.fp16_window > 0) {
+      if (static_cast<size_t>(seq) >= windows_.size()) windows_.resize(static_cast<size_t>(seq) + 1);
+      windows_[static_cast<size_t>(seq)].assign(static_cast<size_t>(config_.num_layers), Fp16Window{});
+    }
+    return seq;
   }
   void release_sequence(int seq) override {
     cache_.release_sequence(seq);
     --active_;
+    if (static_cast<size_t>(seq) < windows_.size()) windows_[static_cast<size_t>(seq)].clear();
   }
   int64_t extend(int seq, int64_t n) override {
     if (cache_.length(seq) + n > options_.max_tokens)
@@ -212,6 +228,30 @@ class PagedKvStore final : public KvStore {
   void write(int layer, int seq, int64_t first_pos, int64_t n, std::span<const float> k,
              std::span<const float> v) override {
     cache_.write(layer, seq, first_pos, n, k, v);
+    if (options_.fp16_window == 0) return;
+    // The copies the queries of this block and later ones can need: from
+    // first_pos - W + 1 (the first query's window) to the block's end. The
+    // rows before that are dropped (a decode step drops one); the block is
+    // appended, or rewrites rows it overlaps.
+    const int64_t W = options_.fp16_window, d = config_.kv_dim();
+    Fp16Window& w = windows_[static_cast<size_t>(seq)][static_cast<size_t>(layer)];
+    const int64_t keep_from = std::max<int64_t>(0, first_pos - W + 1);
+    if (keep_from < w.first || first_pos > w.end(d))
+      fail(ErrorKind::invalid_argument, "KV cache: sequence ", seq, " layer ", layer, " writes positions ", first_pos,
+           "..", first_pos + n - 1, " but its fp16 window holds ", w.first, "..", w.end(d) - 1,
+           ": with a window, positions are written in order");
+    const auto drop = static_cast<size_t>((keep_from - w.first) * d);
+    const auto rows = static_cast<size_t>((std::max(first_pos + n, w.end(d)) - keep_from) * d);
+    for (std::vector<f16>* part : {&w.k, &w.v}) {
+      part->erase(part->begin(), part->begin() + static_cast<std::ptrdiff_t>(drop));
+      part->resize(rows);
+    }
+    w.first = keep_from;
+    const auto at = static_cast<size_t>((first_pos - keep_from) * d);
+    for (size_t j = 0; j < static_cast<size_t>(n * d); ++j) {
+      w.k[at + j] = float_to_f16(k[j]);
+      w.v[at + j] = float_to_f16(v[j]);
+    }
   }
   void attend(int layer, int seq, int64_t first_pos, int64_t n, std::span<const float> q, std::span<float> out,
               ThreadPool* pool) const override {
@@ -230,25 +270,51 @@ class PagedKvStore final : public KvStore {
     const bool k_rot = cache_.stored_rotated(kv::KvPart::key), v_rot = cache_.stored_rotated(kv::KvPart::value);
     const kv::Rotation& rot = cache_.rotation(layer);
     const float softmax_scale = 1.0f / std::sqrt(static_cast<float>(D));
+    // The query at position pos reads keys and values pos - W + 1 .. pos from
+    // the fp16 window, in the original domain: they are scored against the
+    // unrotated query and summed apart, then added to the codes' sum once
+    // that is un-rotated.
+    const int64_t W = options_.fp16_window;
+    const Fp16Window* window = W > 0 ? &windows_[static_cast<size_t>(seq)][static_cast<size_t>(layer)] : nullptr;
+    if (window != nullptr && (std::max<int64_t>(0, first_pos - W + 1) < window->first ||
+                              first_pos + n > window->end(config_.kv_dim())))
+      fail(ErrorKind::invalid_argument, "KV cache: sequence ", seq, " layer ", layer, " attends positions ", first_pos,
+           "..", first_pos + n - 1, " but its fp16 window holds ", window->first, "..",
+           window->end(config_.kv_dim()) - 1, ": attend the tokens last written");
     // One item = one query token and one KV head with its G query heads.
     const auto body = [&](int64_t begin, int64_t end) {
       const auto dsz = static_cast<size_t>(D);
       std::vector<float> qr(static_cast<size_t>(G) * dsz), unit(dsz), acc(static_cast<size_t>(G) * dsz);
+      std::vector<float> acc_window(W > 0 ? static_cast<size_t>(G) * dsz : 0);
       std::vector<float> scores(static_cast<size_t>(G * (first_pos + n)));
+      // Position t of the window's K or V for this KV head, as floats.
+      const auto window_row = [&](const std::vector<f16>& rows, int64_t t, int64_t kh) {
+        const f16* src = rows.data() + (t - window->first) * config_.kv_dim() + kh * D;
+        for (int64_t j = 0; j < D; ++j) unit[static_cast<size_t>(j)] = f16_to_float(src[j]);
+      };
       for (int64_t item = begin; item < end; ++item) {
         const int64_t i = item / KVH, kh = item % KVH, pos = first_pos + i, T = pos + 1;
+        const int64_t T_codes = W > 0 ? std::max<int64_t>(0, T - W) : T;  // positions read from codes
+        const float* q_heads = q.data() + ((i * H) + kh * G) * D;     // the G query heads, unrotated
         for (int64_t g = 0; g < G; ++g) {
-          const std::span<const float> qh = q.subspan(static_cast<size_t>(((i * H) + kh * G + g) * D), dsz);
+          const std::span<const float> qh(q_heads + g * D, dsz);
           const std::span<float> dst(qr.data() + g * D, dsz);
           if (k_rot) rot.rotate(qh, dst);  // keys are scored in the rotated domain
           else std::copy(qh.begin(), qh.end(), dst.begin());
         }
         std::vector<float> mx(static_cast<size_t>(G), -std::numeric_limits<float>::infinity());
         for (int64_t t = 0; t < T; ++t) {
-          const std::byte* slab = cache_.slab(layer, table[static_cast<size_t>(t / P)], static_cast<int>(kh));
-          const float s = cache_.decode_slot(kv::KvPart::key, slab, static_cast<int>(t % P), unit) * softmax_scale;
+          float s = softmax_scale;
+          const float* query = qr.data();
+          if (t < T_codes) {
+            const std::byte* slab = cache_.slab(layer, table[static_cast<size_t>(t / P)], static_cast<int>(kh));
+            s *= cache_.decode_slot(kv::KvPart::key, slab, static_cast<int>(t % P), unit);
+          } else {
+            window_row(window->k, t, kh);
+            query = q_heads;
+          }
           for (int64_t g = 0; g < G; ++g) {
-            const float score = s * cpu::dot(qr.data() + g * D, unit.data(), D);
+            const float score = s * cpu::dot(query + g * D, unit.data(), D);
             scores[static_cast<size_t>(g * T + t)] = score;
             mx[static_cast<size_t>(g)] = std::max(mx[static_cast<size_t>(g)], score);
           }
@@ -261,17 +327,27 @@ class PagedKvStore final : public KvStore {
             sum[static_cast<size_t>(g)] += e;
           }
         std::fill(acc.begin(), acc.end(), 0.0f);
+        std::fill(acc_window.begin(), acc_window.end(), 0.0f);
         for (int64_t t = 0; t < T; ++t) {
-          const std::byte* slab = cache_.slab(layer, table[static_cast<size_t>(t / P)], static_cast<int>(kh));
-          const float s = cache_.decode_slot(kv::KvPart::value, slab, static_cast<int>(t % P), unit);
+          float s = 1.0f;
+          float* into = acc.data();
+          if (t < T_codes) {
+            const std::byte* slab = cache_.slab(layer, table[static_cast<size_t>(t / P)], static_cast<int>(kh));
+            s = cache_.decode_slot(kv::KvPart::value, slab, static_cast<int>(t % P), unit);
+          } else {
+            window_row(window->v, t, kh);
+            into = acc_window.data();
+          }
           for (int64_t g = 0; g < G; ++g)
-            cpu::axpy(s * scores[static_cast<size_t>(g * T + t)], unit.data(), acc.data() + g * D, D);
+            cpu::axpy(s * scores[static_cast<size_t>(g * T + t)], unit.data(), into + g * D, D);
         }
         for (int64_t g = 0; g < G; ++g) {
           float* o = out.data() + ((i * H) + kh * G + g) * D;
           const float inv = 1.0f / sum[static_cast<size_t>(g)];
           for (int64_t j = 0; j < D; ++j) o[j] = acc[static_cast<size_t>(g * D + j)] * inv;
           if (v_rot) rot.unrotate(std::span<const float>(o, dsz), std::span<float>(o, dsz));  // once, after the sum
+          if (T_codes < T)
+            for (int64_t j = 0; j < D; ++j) o[j] += acc_window[static_cast<size_t>(g * D + j)] * inv;
         }
       }
     };
@@ -280,8 +356,11 @@ class PagedKvStore final : public KvStore {
   }
   int64_t bytes_per_token() const override { return cache_.bytes_per_token(); }
   int64_t bytes_used() const override {
-    // Whole pages are taken per sequence.
-    return cache_.used_pages() * cache_.page_bytes();
+    // Whole pages are taken per sequence; and the fp16 window's copies.
+    int64_t window_bytes = 0;
+    for (const auto& layers : windows_)
+      for (const Fp16Window& w : layers) window_bytes += static_cast<int64_t>((w.k.size() + w.v.size()) * sizeof(f16));
+    return cache_.used_pages() * cache_.page_bytes() + window_bytes;
   }
   std::string describe() const override {
     std::ostringstream s;
@@ -312,6 +391,16 @@ class PagedKvStore final : public KvStore {
   KvOptions options_;
   kv::PagedKvCache cache_;
   int active_ = 0;
+  // KvOptions::fp16_window: per sequence and layer, K and V as fp16 of the
+  // positions first.. that the next queries can read from the window:
+  // [position - first][kv_head][head_dim]. W rows after a decode step, W - 1
+  // + n while a block of n is written and attended.
+  struct Fp16Window {
+    int64_t first = 0;
+    std::vector<f16> k, v;
+    int64_t end(int64_t kv_dim) const { return first + static_cast<int64_t>(k.size()) / kv_dim; }
+  };
+  std::vector<std::vector<Fp16Window>> windows_;  // [seq][layer]
 };
 
 }  // namespace

@@ -630,6 +630,14 @@ TEST(CudaEngine, RejectsWhatItCannotRun) {
   EXPECT_TRUE(test::throws_error([&] { (void)make_cuda_backend(model, kv, false); }, ErrorKind::unsupported,
                                  "head_dim"));
   const Model ok = make_random_model(tiny_config(Architecture::llama), 1, WeightMode::dense, 0.08f);
+  // The device cache has no fp16 window of recent K/V (KvOptions::fp16_window):
+  // refused, and --device auto runs such a cache on the CPU.
+  KvOptions windowed;
+  windowed.k = windowed.v = KvStorage::tq4;
+  windowed.fp16_window = 16;
+  EXPECT_TRUE(test::throws_error([&] { (void)make_cuda_backend(ok, windowed, false); }, ErrorKind::unsupported,
+                                 "fp16 window"));
+  EXPECT_EQ(make_backend("auto", ok, CpuBackendOptions{windowed})->name().rfind("cpu", 0), 0u);
   kv.max_tokens = 8;
   auto gpu = make_cuda_backend(ok, kv, false);
   // The weights as the device holds them: the model's f32 linears became

@@ -147,7 +147,8 @@ TeacherForced teacher_forced(engine::Backend& ref, engine::Backend& other, const
 // the cost of 4-bit K/V on this small model, not a defect of the engine path:
 // the assertion is the measured floor (see kEngineTq4Top1AgreementSmolLM2),
 // and tq3 must be worse than tq4 (the formats are not mixed up).
-double top1_agreement(const std::filesystem::path& path, engine::KvStorage format, int64_t steps) {
+double top1_agreement(const std::filesystem::path& path, engine::KvStorage format, int64_t steps,
+                      int64_t fp16_window = 0) {
   const std::vector<int32_t> prompt = lighthouse_prompt(path);
   const engine::Model& model = default_model();
   engine::CpuBackendOptions o;
@@ -155,6 +156,7 @@ double top1_agreement(const std::filesystem::path& path, engine::KvStorage forma
   o.kv.k = o.kv.v = engine::KvStorage::fp16;
   auto ref = engine::make_cpu_backend(model, o);
   o.kv.k = o.kv.v = format;
+  o.kv.fp16_window = fp16_window;
   auto tq = engine::make_cpu_backend(model, o);
   return teacher_forced(*ref, *tq, prompt, steps).agree / static_cast<double>(steps);
 }
@@ -168,6 +170,18 @@ TEST(DefaultModel, TurboQuantKvTop1AgreementWithFp16Kv) {
   std::cout << "top-1 agreement with fp16 KV over 256 steps: tq4 " << tq4 << ", tq3 " << tq3 << "\n";
   EXPECT_GE(tq4, kEngineTq4Top1AgreementSmolLM2);
   EXPECT_LT(tq3, tq4);
+}
+
+// KvOptions::fp16_window: the newest 64 tokens attended from fp16 copies.
+// Measured: 98.4% (252 of 256; 89.8% without the window, 92.97 / 94.9 /
+// 95.7% with 8 / 16 / 32 tokens, 98.4% with 128), still short of issue 6's
+// 99%. The floor asserted is kEngineTq4Window64Top1AgreementSmolLM2.
+TEST(DefaultModel, Fp16WindowRaisesTheTurboQuantAgreement) {
+  REQUIRE_DEFAULT_MODEL(path);
+  const double windowed = top1_agreement(path, engine::KvStorage::tq4, 256, 64);
+  RecordProperty("tq4_window64_top1_agreement", std::to_string(windowed));
+  std::cout << "top-1 agreement with fp16 KV over 256 steps: tq4 with a 64-token fp16 window " << windowed << "\n";
+  EXPECT_GE(windowed, kEngineTq4Window64Top1AgreementSmolLM2);
 }
 
 // The CUDA backend on this model: head_dim 64 and 3 query heads per KV head

@@ -4,13 +4,16 @@
 #include <gtest/gtest.h>
 
 #include <limits>
+#include <optional>
 #include <random>
 #include <vector>
 
 #include "engine_test_util.h"
 #include "lowbit/core/error.h"
 #include "lowbit/engine/kv_store.h"
+#include "lowbit/core/half.h"
 #include "lowbit/kv/attention_ref.h"
+#include "lowbit/kv/paged_cache.h"
 #include "tolerances.h"
 
 namespace lowbit::test {
@@ -124,6 +127,138 @@ TEST(DenseAttention, Fp32StoreMatchesTheDoubleDenseReference) {
     std::copy(o1.begin(), o1.end(), ref.begin() + p * qd);
   }
   EXPECT_LE(max_relative_error(ours, ref), kEngineBatchMaxRelError);
+}
+
+// KvOptions::fp16_window with the window over every position: the paged
+// store reads nothing from its codes and gives the dense fp16 store's
+// outputs (the same fp32 operations but for the final scaling).
+TEST(PagedAttentionFp16Window, WholeSequenceInTheWindowGivesTheFp16Store) {
+  const engine::ModelConfig c = small_config();
+  engine::KvOptions o;
+  o.k = o.v = KvStorage::fp16;
+  o.max_tokens = 64;
+  auto dense = engine::make_kv_store(c, o);
+  const std::vector<float> want = attend_all(*dense, c, 21);
+  for (const auto& [k, v] : {std::pair{KvStorage::tq4, KvStorage::tq4}, std::pair{KvStorage::tq3, KvStorage::fp16},
+                             std::pair{KvStorage::fp16, KvStorage::tq2}}) {
+    o.k = k;
+    o.v = v;
+    o.page_size = 16;
+    o.fp16_window = 40;  // attend_all writes 39 tokens
+    auto windowed = engine::make_kv_store(c, o);
+    EXPECT_LE(max_relative_error(attend_all(*windowed, c, 21), want), kEngineBatchMaxRelError) << o.describe();
+  }
+}
+
+// A window of 8 over a 30-token prompt and 9 decode steps: the query at
+// position p reads positions p - 7 .. p as fp16 and the older ones as their
+// codes decode (read_original of a cache given the same writes).
+TEST(PagedAttentionFp16Window, OlderPositionsComeFromTheirCodes) {
+  const engine::ModelConfig c = small_config();
+  constexpr int64_t kWindow = 8;
+  for (const auto& [kf, vf] : {std::pair{KvStorage::tq4, KvStorage::tq4}, std::pair{KvStorage::tq3, KvStorage::fp16}}) {
+    engine::KvOptions o;
+    o.k = kf;
+    o.v = vf;
+    o.page_size = 16;
+    o.max_tokens = 64;
+    o.fp16_window = kWindow;
+    auto store = engine::make_kv_store(c, o);
+    std::vector<float> k, v, q;
+    const std::vector<float> ours = attend_all(*store, c, 5, &k, &v, &q);
+
+    // The same layer-1 K/V quantized by a cache of the store's configuration.
+    kv::KvCacheConfig cc;
+    cc.num_layers = 2;
+    cc.num_kv_heads = static_cast<int>(c.num_kv_heads);
+    cc.head_dim = static_cast<int>(c.head_dim);
+    cc.page_size = 16;
+    cc.num_pages = 4;
+    cc.k_format = kf == KvStorage::fp16 ? kv::KvFormat::fp16 : kf == KvStorage::tq4 ? kv::KvFormat::tq4 : kv::KvFormat::tq3;
+    cc.v_format = vf == KvStorage::fp16 ? kv::KvFormat::fp16 : kv::KvFormat::tq4;
+    cc.rotation = engine::kv_rotation_for(std::nullopt, c.head_dim);
+    cc.rotation_seed_base = o.rotation_seed;
+    kv::PagedKvCache cache(cc);
+    const int seq = cache.add_sequence();
+    const int64_t kvd = c.kv_dim(), qd = c.q_dim(), D = c.head_dim, total = static_cast<int64_t>(k.size()) / kvd;
+    cache.extend(seq, total);
+    cache.write(1, seq, 0, total, k, v);
+
+    std::vector<float> want(ours.size());
+    for (int64_t p = 0; p < total; ++p) {
+      std::vector<float> ke(static_cast<size_t>((p + 1) * kvd)), ve(ke.size());
+      for (int64_t t = 0; t <= p; ++t)
+        for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+          const auto at = static_cast<size_t>(t * kvd + h * D);
+          if (t > p - kWindow) {  // fp16 copies of the originals
+            for (int64_t j = 0; j < D; ++j) {
+              ke[at + static_cast<size_t>(j)] = f16_to_float(float_to_f16(k[at + static_cast<size_t>(j)]));
+              ve[at + static_cast<size_t>(j)] = f16_to_float(float_to_f16(v[at + static_cast<size_t>(j)]));
+            }
+          } else {
+            cache.read_original(kv::KvPart::key, 1, seq, t, static_cast<int>(h), {ke.data() + at, static_cast<size_t>(D)});
+            cache.read_original(kv::KvPart::value, 1, seq, t, static_cast<int>(h), {ve.data() + at, static_cast<size_t>(D)});
+          }
+        }
+      kv::dense_attention_ref(std::span<const float>(q).subspan(static_cast<size_t>(p * qd), static_cast<size_t>(qd)), ke,
+                              ve, 1, p + 1, static_cast<int>(c.num_heads), static_cast<int>(c.num_kv_heads),
+                              static_cast<int>(D), std::span<float>(want).subspan(static_cast<size_t>(p * qd), static_cast<size_t>(qd)));
+    }
+    EXPECT_LE(max_relative_error(ours, want), kAttentionVsDequantizedRtol) << o.describe();
+  }
+}
+
+TEST(PagedAttentionFp16Window, CountsItsBytesAndNamesItself) {
+  const engine::ModelConfig c = small_config();
+  engine::KvOptions o;
+  o.k = o.v = KvStorage::tq4;
+  o.page_size = 16;
+  o.max_tokens = 64;
+  auto plain = engine::make_kv_store(c, o);
+  o.fp16_window = 8;
+  auto windowed = engine::make_kv_store(c, o);
+  attend_all(*plain, c, 2);
+  attend_all(*windowed, c, 2);
+  // After a decode step each layer holds the window's 8 positions of K and V.
+  EXPECT_EQ(windowed->bytes_used() - plain->bytes_used(), c.num_layers * 8 * c.kv_dim() * 2 * 2);
+  EXPECT_EQ(windowed->bytes_per_token(), plain->bytes_per_token());
+  EXPECT_NE(windowed->describe().find("newest 8 tokens also fp16"), std::string::npos) << windowed->describe();
+  o.k = o.v = KvStorage::fp16;  // both dense: the window changes nothing
+  EXPECT_FALSE(o.has_fp16_window());
+  EXPECT_EQ(o.describe(), "K fp16, V fp16");
+}
+
+TEST(PagedAttentionFp16Window, PositionsOutOfOrderAreRefused) {
+  const engine::ModelConfig c = small_config();
+  engine::KvOptions o;
+  o.k = o.v = KvStorage::tq4;
+  o.page_size = 16;
+  o.max_tokens = 64;
+  o.fp16_window = 4;
+  auto store = engine::make_kv_store(c, o);
+  const int seq = store->add_sequence();
+  std::mt19937_64 rng(1);
+  const auto kv_rows = [&](int64_t n) { return randn(static_cast<size_t>(n * c.kv_dim()), rng); };
+  store->extend(seq, 11);
+  const std::vector<float> k10 = kv_rows(10), v10 = kv_rows(10), k1 = kv_rows(1), v1 = kv_rows(1);
+  store->write(0, seq, 0, 10, k10, v10);
+  store->write(0, seq, 10, 1, k1, v1);  // the window now holds 7..10
+  std::vector<float> q(static_cast<size_t>(c.q_dim())), out(q.size());
+  EXPECT_NO_THROW(store->attend(0, seq, 10, 1, q, out, nullptr));
+  EXPECT_THROW(store->attend(0, seq, 2, 1, q, out, nullptr), Error);   // its window (0..2) is gone
+  EXPECT_THROW(store->write(0, seq, 2, 1, k1, v1), Error);             // so is the room to rewrite it
+}
+
+TEST(KvOptions, RejectsABadFp16Window) {
+  engine::KvOptions o;
+  o.k = o.v = KvStorage::tq4;
+  o.fp16_window = -1;
+  EXPECT_THROW(o.validate(), Error);
+  o.fp16_window = 16;
+  o.reference_attention = true;
+  EXPECT_THROW(o.validate(), Error);
+  o.reference_attention = false;
+  EXPECT_NO_THROW(o.validate());
 }
 
 TEST(KvOptions, RejectsFp32MixedWithOtherFormats) {

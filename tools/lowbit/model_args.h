@@ -40,6 +40,7 @@ struct ModelRunOptions {
   std::string kv = "fp16";
   std::string kv_k, kv_v;
   std::string kv_rotation = "auto";
+  int64_t kv_fp16_window = 0;
   int threads = 0;
   bool tune_gemms = false;
 };
