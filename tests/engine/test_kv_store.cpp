@@ -40,6 +40,19 @@ std::vector<float> randn(size_t n, std::mt19937_64& rng) {
   return v;
 }
 
+// A store's options as the tests below use them: room for attend_all's 39
+// tokens, 16-token pages (when K or V is tq: both fp16 or fp32 make a dense
+// store).
+engine::KvOptions store_options(KvStorage k, KvStorage v, int64_t fp16_window = 0) {
+  engine::KvOptions o;
+  o.k = k;
+  o.v = v;
+  o.page_size = 16;
+  o.max_tokens = 64;
+  o.fp16_window = fp16_window;
+  return o;
+}
+
 // Fills both stores with the same K/V (a 30-token prefill, then 9 single
 // tokens) and returns the attention outputs of every position of layer 1.
 std::vector<float> attend_all(engine::KvStore& store, const engine::ModelConfig& c, uint64_t seed,
@@ -76,11 +89,7 @@ class PagedAttention : public ::testing::TestWithParam<std::pair<KvStorage, KvSt
 
 TEST_P(PagedAttention, PooledLoopMatchesTheKvModuleReference) {
   const engine::ModelConfig c = small_config();
-  engine::KvOptions o;
-  o.k = GetParam().first;
-  o.v = GetParam().second;
-  o.page_size = 16;
-  o.max_tokens = 64;
+  engine::KvOptions o = store_options(GetParam().first, GetParam().second);
   auto fast = engine::make_kv_store(c, o);
   o.reference_attention = true;
   auto ref = engine::make_kv_store(c, o);
@@ -102,10 +111,7 @@ INSTANTIATE_TEST_SUITE_P(Formats, PagedAttention,
 
 TEST(DenseAttention, Fp32StoreMatchesTheDoubleDenseReference) {
   const engine::ModelConfig c = small_config();
-  engine::KvOptions o;
-  o.k = o.v = KvStorage::fp32;
-  o.max_tokens = 64;
-  auto store = engine::make_kv_store(c, o);
+  auto store = engine::make_kv_store(c, store_options(KvStorage::fp32, KvStorage::fp32));  // both fp32: dense
   std::vector<float> k, v, q;
   const std::vector<float> ours = attend_all(*store, c, 3, &k, &v, &q);
   // Position by position: queries of the prefill chunk, then single tokens.
@@ -134,19 +140,13 @@ TEST(DenseAttention, Fp32StoreMatchesTheDoubleDenseReference) {
 // outputs (the same fp32 operations but for the final scaling).
 TEST(PagedAttentionFp16Window, WholeSequenceInTheWindowGivesTheFp16Store) {
   const engine::ModelConfig c = small_config();
-  engine::KvOptions o;
-  o.k = o.v = KvStorage::fp16;
-  o.max_tokens = 64;
-  auto dense = engine::make_kv_store(c, o);
+  auto dense = engine::make_kv_store(c, store_options(KvStorage::fp16, KvStorage::fp16));  // both fp16: dense
   const std::vector<float> want = attend_all(*dense, c, 21);
   for (const auto& [k, v] : {std::pair{KvStorage::tq4, KvStorage::tq4}, std::pair{KvStorage::tq3, KvStorage::fp16},
                              std::pair{KvStorage::fp16, KvStorage::tq2}}) {
-    o.k = k;
-    o.v = v;
-    o.page_size = 16;
-    o.fp16_window = 40;  // attend_all writes 39 tokens
-    auto windowed = engine::make_kv_store(c, o);
-    EXPECT_LE(max_relative_error(attend_all(*windowed, c, 21), want), kEngineBatchMaxRelError) << o.describe();
+    const engine::KvOptions w = store_options(k, v, 40);  // attend_all writes 39 tokens
+    auto windowed = engine::make_kv_store(c, w);
+    EXPECT_LE(max_relative_error(attend_all(*windowed, c, 21), want), kEngineBatchMaxRelError) << w.describe();
   }
 }
 
@@ -157,12 +157,7 @@ TEST(PagedAttentionFp16Window, OlderPositionsComeFromTheirCodes) {
   const engine::ModelConfig c = small_config();
   constexpr int64_t kWindow = 8;
   for (const auto& [kf, vf] : {std::pair{KvStorage::tq4, KvStorage::tq4}, std::pair{KvStorage::tq3, KvStorage::fp16}}) {
-    engine::KvOptions o;
-    o.k = kf;
-    o.v = vf;
-    o.page_size = 16;
-    o.max_tokens = 64;
-    o.fp16_window = kWindow;
+    const engine::KvOptions o = store_options(kf, vf, kWindow);
     auto store = engine::make_kv_store(c, o);
     std::vector<float> k, v, q;
     const std::vector<float> ours = attend_all(*store, c, 5, &k, &v, &q);
@@ -210,10 +205,7 @@ TEST(PagedAttentionFp16Window, OlderPositionsComeFromTheirCodes) {
 
 TEST(PagedAttentionFp16Window, CountsItsBytesAndNamesItself) {
   const engine::ModelConfig c = small_config();
-  engine::KvOptions o;
-  o.k = o.v = KvStorage::tq4;
-  o.page_size = 16;
-  o.max_tokens = 64;
+  engine::KvOptions o = store_options(KvStorage::tq4, KvStorage::tq4);
   auto plain = engine::make_kv_store(c, o);
   o.fp16_window = 8;
   auto windowed = engine::make_kv_store(c, o);
@@ -230,12 +222,7 @@ TEST(PagedAttentionFp16Window, CountsItsBytesAndNamesItself) {
 
 TEST(PagedAttentionFp16Window, PositionsOutOfOrderAreRefused) {
   const engine::ModelConfig c = small_config();
-  engine::KvOptions o;
-  o.k = o.v = KvStorage::tq4;
-  o.page_size = 16;
-  o.max_tokens = 64;
-  o.fp16_window = 4;
-  auto store = engine::make_kv_store(c, o);
+  auto store = engine::make_kv_store(c, store_options(KvStorage::tq4, KvStorage::tq4, 4));
   const int seq = store->add_sequence();
   std::mt19937_64 rng(1);
   const auto kv_rows = [&](int64_t n) { return randn(static_cast<size_t>(n * c.kv_dim()), rng); };
