@@ -240,13 +240,10 @@ class PagedKvStore final : public KvStore {
       fail(ErrorKind::invalid_argument, "KV cache: sequence ", seq, " layer ", layer, " writes positions ", first_pos,
            "..", first_pos + n - 1, " but its fp16 window holds ", w.first, "..", w.end(d) - 1,
            ": with a window, positions are written in order");
-    const auto drop = static_cast<size_t>((keep_from - w.first) * d);
+    w.drop_before(keep_from, d);
     const auto rows = static_cast<size_t>((std::max(first_pos + n, w.end(d)) - keep_from) * d);
-    for (std::vector<f16>* part : {&w.k, &w.v}) {
-      part->erase(part->begin(), part->begin() + static_cast<std::ptrdiff_t>(drop));
-      part->resize(rows);
-    }
-    w.first = keep_from;
+    w.k.resize(rows);
+    w.v.resize(rows);
     const auto at = static_cast<size_t>((first_pos - keep_from) * d);
     for (size_t j = 0; j < static_cast<size_t>(n * d); ++j) {
       w.k[at + j] = float_to_f16(k[j]);
@@ -353,6 +350,12 @@ class PagedKvStore final : public KvStore {
     };
     if (pool != nullptr) pool->run(0, n * KVH, 1, body);
     else body(0, n * KVH);
+    // Later queries (positions first_pos + n on) need no row before
+    // first_pos + n - W + 1: a prompt block's copies shrink to the window
+    // here, layer by layer, instead of all layers holding the whole block
+    // until their next write.
+    if (W > 0) windows_[static_cast<size_t>(seq)][static_cast<size_t>(layer)].drop_before(
+        std::max<int64_t>(0, first_pos + n - W + 1), config_.kv_dim());
   }
   int64_t bytes_per_token() const override { return cache_.bytes_per_token(); }
   int64_t bytes_used() const override {
@@ -393,14 +396,21 @@ class PagedKvStore final : public KvStore {
   int active_ = 0;
   // KvOptions::fp16_window: per sequence and layer, K and V as fp16 of the
   // positions first.. that the next queries can read from the window:
-  // [position - first][kv_head][head_dim]. W rows after a decode step, W - 1
+  // [position - first][kv_head][head_dim]. W - 1 rows between calls, W - 1
   // + n while a block of n is written and attended.
   struct Fp16Window {
     int64_t first = 0;
     std::vector<f16> k, v;
     int64_t end(int64_t kv_dim) const { return first + static_cast<int64_t>(k.size()) / kv_dim; }
+    void drop_before(int64_t pos, int64_t kv_dim) {
+      const auto rows = static_cast<std::ptrdiff_t>(std::clamp(pos, first, end(kv_dim)) - first) * kv_dim;
+      k.erase(k.begin(), k.begin() + rows);
+      v.erase(v.begin(), v.begin() + rows);
+      first = std::max(first, pos);
+    }
   };
-  std::vector<std::vector<Fp16Window>> windows_;  // [seq][layer]
+  // mutable: attend() trims what its queries were the last to need.
+  mutable std::vector<std::vector<Fp16Window>> windows_;  // [seq][layer]
 };
 
 }  // namespace

@@ -47,10 +47,12 @@ struct KvOptions {
   // attended from fp16 copies of their K/V, as an fp16 cache holds them,
   // instead of from their 4/3/2-bit codes (every token is still quantized
   // into the paged cache when written; it is read from there once it is
-  // older than the window). A query sees its keys 0..pos; those among the
-  // sequence's last `fp16_window` tokens come from the copies. The window
-  // costs 4 * kv_dim bytes per token of it, per layer and sequence, whatever
-  // the context length. Why: on SmolLM2-135M the greedy choice of tq4 K/V
+  // older than the window): the query at position pos reads positions
+  // pos - fp16_window + 1 .. pos from the copies, so a prompt gives the same
+  // result prefilled in one block or in several. The window costs 4 * kv_dim
+  // bytes per token of it, per layer and sequence, whatever the context
+  // length (and, while a prompt block is written and attended, its tokens').
+  // Positions are written in order (KvStore::write throws otherwise). Why: on SmolLM2-135M the greedy choice of tq4 K/V
   // agrees with fp16 K/V on 89.8% of 256 decode steps without it and on
   // 98.4% with 64 tokens (docs/engine.md, "An fp16 window of recent tokens").
   // The CUDA backend has none yet (make_cuda_backend: unsupported).
