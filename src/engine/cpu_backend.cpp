@@ -195,8 +195,10 @@ void check_device(const std::string& device) {
   fail_argument("device", device, "auto, cpu or cuda");
 }
 
-std::unique_ptr<Backend> make_backend(const std::string& device, const Model& model, const CpuBackendOptions& options) {
+std::unique_ptr<Backend> make_backend(const std::string& device, const Model& model, const CpuBackendOptions& options,
+                                      std::string* why_cpu) {
   check_device(device);
+  if (why_cpu) why_cpu->clear();
   if (device == "cuda") return make_cuda_backend(model, options.kv, false, options.tune_gemms);
   if (device == "auto" && cuda_device_count() > 0) {
     try {
@@ -204,7 +206,8 @@ std::unique_ptr<Backend> make_backend(const std::string& device, const Model& mo
     } catch (const Error& e) {
       if (e.kind() != ErrorKind::unsupported) throw;
       // What the CUDA path does not cover (e.g. head_dim 96, attention biases, an fp32 KV
-      // cache) runs on the CPU; the output names the device used.
+      // cache) runs on the CPU; the output names the device used, and the caller may say why.
+      if (why_cpu) *why_cpu = e.what();
     }
   }
   return make_cpu_backend(model, options);

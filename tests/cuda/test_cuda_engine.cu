@@ -637,7 +637,11 @@ TEST(CudaEngine, RejectsWhatItCannotRun) {
   windowed.fp16_window = 16;
   EXPECT_TRUE(test::throws_error([&] { (void)make_cuda_backend(ok, windowed, false); }, ErrorKind::unsupported,
                                  "fp16 window"));
-  EXPECT_EQ(make_backend("auto", ok, CpuBackendOptions{windowed})->name().rfind("cpu", 0), 0u);
+  std::string why_cpu;
+  EXPECT_EQ(make_backend("auto", ok, CpuBackendOptions{windowed}, &why_cpu)->name().rfind("cpu", 0), 0u);
+  EXPECT_NE(why_cpu.find("--kv-fp16-window 16"), std::string::npos) << why_cpu;
+  EXPECT_EQ(make_backend("auto", ok, CpuBackendOptions{kv}, &why_cpu)->name(), "cuda");
+  EXPECT_EQ(why_cpu, "") << "a backend that ran on the GPU has nothing to explain";
   kv.max_tokens = 8;
   auto gpu = make_cuda_backend(ok, kv, false);
   // The weights as the device holds them: the model's f32 linears became

@@ -10,6 +10,7 @@
 #include "error_matchers.h"
 #include "lowbit/checkpoint/quantized_checkpoint.h"
 #include "lowbit/core/error.h"
+#include "lowbit/cuda/device.h"
 #include "lowbit/engine/backend.h"
 #include "lowbit/engine/kv_store.h"
 #include "lowbit/engine/model_config.h"
@@ -159,6 +160,14 @@ TEST(Backend, RejectsBadTokensSequencesAndOverflow) {
   // Without a GPU (or in a build without CUDA) "cuda" is refused; on a GPU this
   // model's head_dim is one the CUDA kernels do not cover: refused as well.
   EXPECT_TRUE(throws_error([&] { (void)engine::make_backend("cuda", model, o); }, ErrorKind::unsupported, "CUDA"));
+  // "auto" runs it on the CPU either way, and says why when a GPU was there
+  // and refused it (the head_dim); with no GPU there is nothing to explain.
+  std::string why_cpu = "left from before";
+  EXPECT_EQ(engine::make_backend("auto", model, o, &why_cpu)->name().rfind("cpu", 0), 0u);
+  if (cuda_device_count() == 0)
+    EXPECT_EQ(why_cpu, "");
+  else
+    EXPECT_NE(why_cpu.find("head_dim"), std::string::npos) << why_cpu;
   o.kv.k = engine::KvStorage::fp32;
   o.kv.v = engine::KvStorage::tq4;
   EXPECT_THROW(engine::make_cpu_backend(model, o), Error);

@@ -84,7 +84,7 @@ void run_generate(const Options& o) {
   backend_options.kv.max_tokens = o.max_context > 0 ? o.max_context : longest + o.max_tokens;
   if (longest + o.max_tokens > backend_options.kv.max_tokens)
     fail_argument("--max-context", backend_options.kv.max_tokens, "at least the prompt plus --max-tokens");
-  std::unique_ptr<Backend> backend = make_backend(o.run.device, model, backend_options);
+  std::unique_ptr<Backend> backend = cli::make_run_backend(o.run, model, backend_options, o.quiet);
   // On the GPU, one-time setup (module loading, workspaces) would otherwise
   // be ~100 ms of the reported prefill time; on the CPU the first calls cost
   // nothing extra, and three tokens of a large model would.

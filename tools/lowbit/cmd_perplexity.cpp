@@ -60,7 +60,7 @@ void run_perplexity(const Options& o) {
   const Model model = load_model_for_cli(model_path, o.run.weights, o.quiet);
   backend_options.kv.max_sequences = 1;
   backend_options.kv.max_tokens = static_cast<int64_t>(tokens.size());
-  std::unique_ptr<Backend> backend = make_backend(o.run.device, model, backend_options);
+  std::unique_ptr<Backend> backend = cli::make_run_backend(o.run, model, backend_options, o.quiet);
 
   PerplexityOptions options;
   options.chunk = o.chunk;

@@ -1,7 +1,9 @@
 #include "model_args.h"
 
 #include <cstdlib>
+#include <iostream>
 #include <memory>
+#include <string>
 
 #include "lowbit/core/error.h"
 #include "lowbit/gguf/gguf_file.h"
@@ -124,6 +126,15 @@ engine::CpuBackendOptions backend_options(const ModelRunOptions& o) {
   b.tune_gemms = o.tune_gemms;
   engine::check_device(o.device);
   return b;
+}
+
+std::unique_ptr<engine::Backend> make_run_backend(const ModelRunOptions& o, const engine::Model& model,
+                                                  const engine::CpuBackendOptions& options, bool quiet) {
+  std::string why_cpu;
+  std::unique_ptr<engine::Backend> backend = engine::make_backend(o.device, model, options, &why_cpu);
+  if (!why_cpu.empty() && !quiet)
+    std::cerr << "lowbit: --device auto: running on the CPU, since the GPU's backend refused: " << why_cpu << "\n";
+  return backend;
 }
 
 }  // namespace lowbit::cli

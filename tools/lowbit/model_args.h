@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 
 #include <filesystem>
+#include <memory>
 #include <string>
 
 #include "lowbit/engine/backend.h"
@@ -51,5 +52,10 @@ std::filesystem::path model_path(const ModelRunOptions& o);
 // The KV formats and threads (max_tokens / max_sequences left to the caller);
 // also checks --weights and that --device can run here, before any slow load.
 engine::CpuBackendOptions backend_options(const ModelRunOptions& o);
+// engine::make_backend for o.device; when --device auto runs on the CPU
+// because the GPU's backend refused the run, says why on stderr (unless
+// quiet), so that nobody waits on a CPU run believing it is on the GPU.
+std::unique_ptr<engine::Backend> make_run_backend(const ModelRunOptions& o, const engine::Model& model,
+                                                  const engine::CpuBackendOptions& options, bool quiet);
 
 }  // namespace lowbit::cli

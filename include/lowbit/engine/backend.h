@@ -82,8 +82,13 @@ std::unique_ptr<Backend> make_cuda_backend(const Model& model, const KvOptions& 
 // machine have a GPU and its kernels cover the model, else the CPU).
 // check_device throws as make_backend would for `device`, without a model
 // (fail early): an unknown name, or "cuda" without a usable GPU.
+// With "auto" on a machine with a GPU whose backend refuses the model or the
+// options (Error(unsupported), e.g. head_dim 96 or a KV fp16 window), the CPU
+// backend runs it; `why_cpu`, when given, then receives the refusal's message
+// (else it is left empty), so that a caller can tell the user why the GPU
+// was not used.
 void check_device(const std::string& device);
 std::unique_ptr<Backend> make_backend(const std::string& device, const Model& model,
-                                      const CpuBackendOptions& options = {});
+                                      const CpuBackendOptions& options = {}, std::string* why_cpu = nullptr);
 
 }  // namespace lowbit::engine
