@@ -69,7 +69,7 @@ engine::KvStorage kv_option(const std::string& name, const char* flag) {
 void add_model_run_options(CLI::App& cmd, ModelRunOptions& o) {
   cmd.add_option("--model", o.model, "Model file or folder (default: the cached default model)");
   cmd.add_option("--device", o.device, "auto (the GPU when one is visible and its kernels cover the model: head_dim 64 or 128, fp16 or "
-                 "tq KV), cpu or cuda")
+                 "tq KV without an fp16 window; else the CPU, saying why on stderr), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   cmd.add_option("--weights", o.weights,
                  "auto: as stored; fp16: every linear unquantized; w4: 4-bit RTN (group 128) on load")

@@ -45,7 +45,8 @@ struct ModelRunOptions {
   int threads = 0;
   bool tune_gemms = false;
 };
-// Adds --model, --device, --weights, --kv, --kv-k, --kv-v, --kv-rotation, --threads and --tune-gemms.
+// Adds --model, --device, --weights, --kv, --kv-k, --kv-v, --kv-rotation, --kv-fp16-window, --threads and
+// --tune-gemms.
 void add_model_run_options(CLI::App& cmd, ModelRunOptions& o);
 // --model, or the default model; Error(io) when it does not exist.
 std::filesystem::path model_path(const ModelRunOptions& o);
