@@ -284,6 +284,16 @@ CudaEngine::CudaEngine(const DeviceModel& model, const CudaEngineOptions& option
                  kv::kDeviceMaxGroup, " query heads per KV head; this model has ",
                  c.num_heads / c.num_kv_heads);
   cache_ = std::make_unique<kv::DeviceKvCache>(kc);
+  LOWBIT_REQUIRE(options.fp16_window >= 0, "fp16_window must be >= 0");
+  if (options.fp16_window > 0) {
+    // Room for a prompt block of kWindowPrefillBlock queries and the window
+    // before its first one; a window longer than a sequence can grow holds
+    // the whole sequence.
+    const int64_t window = std::min(options.fp16_window, options.max_tokens);
+    const int64_t capacity = std::min(window + kWindowPrefillBlock - 1, options.max_tokens);
+    window_ = std::make_unique<kv::DeviceKvWindow>(kc, window, capacity, options.max_sequences);
+    window_slots_ = Buffer(static_cast<size_t>(options.max_sequences) * 4, Device::cuda);
+  }
   for (int64_t p = kc.num_pages - 1; p >= 0; --p) free_pages_.push_back(static_cast<int32_t>(p));
   LOWBIT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   if (options.tune_decode_gemms) tune_decode_gemms();
@@ -510,10 +520,19 @@ void CudaEngine::linear(const DeviceLinear& w, const void* x, int64_t M, void* y
   }
 }
 
+int64_t CudaEngine::kv_window_bytes() const {
+  if (!window_) return 0;
+  const int64_t live = std::count(seq_live_.begin(), seq_live_.end(), true);
+  return window_->bytes() / window_->slots() * live;
+}
+
 bool CudaEngine::kv_append_fused_into_attention() const {
   const kv::KvCacheConfig& c = cache_->config();
   const bool quantized_part = c.k_format != kv::KvFormat::fp16 || c.v_format != kv::KvFormat::fp16;
-  return options_.fuse_kv_append_into_attention && (!quantized_part || c.rotation == kv::RotationKind::hadamard);
+  // With a window the attention's code chunks end before each row's newest
+  // token, so no attention CTA holds it: the append kernel stores it.
+  return options_.fuse_kv_append_into_attention && !window_ &&
+         (!quantized_part || c.rotation == kv::RotationKind::hadamard);
 }
 
 void CudaEngine::attention_layer(int layer, std::span<const StepRow> rows,
@@ -523,6 +542,10 @@ void CudaEngine::attention_layer(int layer, std::span<const StepRow> rows,
   const bool decode = static_cast<int64_t>(rows.size()) == M;  // one token per row
   // The attention output goes straight to fp16 (the o projection's input).
   kv::DeviceDecodeOptions options;
+  if (window_) {
+    options.window = window_.get();
+    options.window_slots = window_slots_.as<const int32_t>();
+  }
   if (decode) {
     if (kv_append_fused_into_attention()) {
       options.append_k = k32_.as<float>();
@@ -530,6 +553,10 @@ void CudaEngine::attention_layer(int layer, std::span<const StepRow> rows,
     } else {
       kv::device_append_tokens(*cache_, layer, tables, k32_.as<float>(), v32_.as<float>(), stream_);
       mark("KV append");
+    }
+    if (window_) {  // the newest K/V's copies are stored by the window's kernel
+      options.window_k = k32_.as<float>();
+      options.window_v = v32_.as<float>();
     }
     options.queries_rotated = queries_rotated;
     options.out_f16 = attn_.data();
@@ -546,11 +573,23 @@ void CudaEngine::attention_layer(int layer, std::span<const StepRow> rows,
                             k32_.as<float>() + offset * c.kv_dim(), v32_.as<float>() + offset * c.kv_dim(),
                             stream_);
     mark("KV append");
-    options.out_f16 = static_cast<std::byte*>(attn_.data()) + offset * c.q_dim() * 2;
-    kv::device_prefill_attention(*cache_, layer, tables, static_cast<int>(r), row.first_pos, row.n, hq,
-                                 q32_.as<float>() + offset * c.q_dim(), nullptr, attention_workspace_, options,
-                                 stream_);
-    mark("attention");
+    // With a window, the block's copies and its queries go in pieces that
+    // the rings hold with the window before them (device_window_max_block).
+    const int64_t piece = window_ ? std::min(row.n, kv::device_window_max_block(*window_)) : row.n;
+    for (int64_t s = 0; s < row.n; s += piece) {
+      const int64_t n = std::min(piece, row.n - s);
+      if (window_) {
+        kv::device_window_write(*cache_, *window_, layer, row.seq, row.first_pos + s, n,
+                                k32_.as<float>() + (offset + s) * c.kv_dim(),
+                                v32_.as<float>() + (offset + s) * c.kv_dim(), stream_);
+        mark("KV fp16 window");
+      }
+      options.out_f16 = static_cast<std::byte*>(attn_.data()) + (offset + s) * c.q_dim() * 2;
+      kv::device_prefill_attention(*cache_, layer, tables, static_cast<int>(r), row.first_pos + s, n, hq,
+                                   q32_.as<float>() + (offset + s) * c.q_dim(), nullptr, attention_workspace_,
+                                   options, stream_);
+      mark("attention");
+    }
     offset += row.n;
   }
 }
@@ -665,6 +704,12 @@ void CudaEngine::prepare(std::span<const StepRow> rows, bool all_tokens) {
   if (!all_tokens && logit_rows != M) {  // else launch() needs no gather
     LOWBIT_CUDA_CHECK(cudaMemcpyAsync(gather_rows_.data(), last_rows.data(), last_rows.size() * 4,
                                       cudaMemcpyHostToDevice, stream_));
+  }
+  if (window_) {  // each row's ring is its sequence id's
+    std::vector<int32_t> slots;
+    for (const StepRow& r : rows) slots.push_back(r.seq);
+    LOWBIT_CUDA_CHECK(cudaMemcpyAsync(window_slots_.data(), slots.data(), slots.size() * 4, cudaMemcpyHostToDevice,
+                                      stream_));
   }
   rows_.assign(rows.begin(), rows.end());
   tokens_in_step_ = M;
@@ -800,8 +845,10 @@ void CudaEngine::fill_random_kv(uint64_t seed) {
   constexpr int64_t kChunk = 2048;
   std::vector<std::vector<int32_t>> tables;
   std::vector<int64_t> lengths;
+  std::vector<int> seqs;
   for (size_t s = 0; s < seq_live_.size(); ++s) {
     if (!seq_live_[s] || seq_length_[s] == 0) continue;
+    seqs.push_back(static_cast<int>(s));
     tables.push_back(seq_pages_[s]);
     lengths.push_back(seq_length_[s]);
   }
@@ -820,6 +867,9 @@ void CudaEngine::fill_random_kv(uint64_t seed) {
       for (int64_t first = 0; first < lengths[r]; first += kChunk) {
         kv::device_write_tokens(*cache_, layer, block_tables, static_cast<int>(r), first,
                                 std::min(kChunk, lengths[r] - first), k.as<float>(), v.as<float>(), stream_);
+        if (window_)
+          kv::device_window_write(*cache_, *window_, layer, seqs[r], first, std::min(kChunk, lengths[r] - first),
+                                  k.as<float>(), v.as<float>(), stream_);
       }
     }
   }
@@ -857,7 +907,8 @@ class DeviceKvAccounting final : public KvStore {
     unsupported();
   }
   int64_t bytes_per_token() const override { return engine_.kv_bytes_per_token(); }
-  int64_t bytes_used() const override { return tokens_ * engine_.kv_bytes_per_token(); }
+  // The codes of the tokens held, and the fp16 window's rings (allocated whole).
+  int64_t bytes_used() const override { return tokens_ * engine_.kv_bytes_per_token() + engine_.kv_window_bytes(); }
   std::string describe() const override { return description_; }
   int64_t tokens_ = 0;
 
@@ -938,6 +989,7 @@ class CudaBackend final : public Backend {
     o.page_size = std::max(16, (kv.page_size + 15) / 16 * 16);
     o.rotation_seed = kv.rotation_seed;
     o.rotation = kv.rotation;
+    o.fp16_window = kv.has_fp16_window() ? kv.fp16_window : 0;
     // LOWBIT_CUDA_GRAPHS=0: every decode step launched eagerly (to compare,
     // or to profile the kernels one by one).
     const char* graphs = std::getenv("LOWBIT_CUDA_GRAPHS");
@@ -957,11 +1009,6 @@ class CudaBackend final : public Backend {
 std::unique_ptr<Backend> make_cuda_backend(const Model& model, const KvOptions& kv, bool quantize_dense_to_w4,
                                            bool tune_gemms) {
   if (cuda_device_count() == 0) fail(ErrorKind::unsupported, "--device cuda: no CUDA device is visible");
-  // The device cache and its attention kernels hold no fp16 copies of the
-  // newest tokens; the CPU backend does (--device auto then runs there).
-  if (kv.has_fp16_window())
-    fail(ErrorKind::unsupported, "the CUDA backend has no fp16 window of recent K/V (--kv-fp16-window ",
-         kv.fp16_window, "); the CPU backend has one (--device cpu)");
   return std::make_unique<CudaBackend>(model, kv, quantize_dense_to_w4, tune_gemms);
 }
 

@@ -142,8 +142,11 @@ void run_model_benchmark(const ModelBenchOptions& options) {
       bool printed_choices = false;
       for (int batch : options.batches) {
         for (int64_t context : options.contexts) {
-          const std::string label = weights + " weights, " + kv_name + " KV, batch " + std::to_string(batch) +
-                                    ", context " + std::to_string(context);
+          const bool windowed = options.kv_fp16_window > 0 && kv_name != "fp16";
+          const std::string label =
+              weights + " weights, " + kv_name +
+              (windowed ? " KV + fp16 window " + std::to_string(options.kv_fp16_window) : std::string(" KV")) +
+              ", batch " + std::to_string(batch) + ", context " + std::to_string(context);
           CudaEngineOptions eo;
           eo.k_format = eo.v_format = kv_format_named(kv_name);
           eo.max_sequences = batch;
@@ -152,6 +155,7 @@ void run_model_benchmark(const ModelBenchOptions& options) {
           eo.rotation = kv_rotation;
           eo.fuse_query_rotation_into_qkv = options.fuse_query_rotation;
           eo.fuse_kv_append_into_attention = options.fuse_kv_append;
+          if (windowed) eo.fp16_window = options.kv_fp16_window;
           std::unique_ptr<CudaEngine> engine;
           try {
             size_t free_bytes = 0, total_bytes = 0;
@@ -233,6 +237,7 @@ void run_model_benchmark(const ModelBenchOptions& options) {
                                    {"batch", batch},
                                    {"context", context},
                                    {"kv_rotation", kv::rotation_kind_name(kv_rotation)},
+                                   {"kv_fp16_window", eo.fp16_window},
                                    {"gemms_tuned", options.tune_gemms}},
                                   decode,
                                   static_cast<uint64_t>(weight_bytes + kv_read),

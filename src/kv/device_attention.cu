@@ -83,6 +83,7 @@
 #include "lowbit/kv/device_cache.h"
 #include "lowbit/kv/append_warp.cuh"
 #include "lowbit/kv/hadamard_warp.cuh"
+#include "lowbit/kv/window_warp.cuh"
 #include "attention_mma.cuh"
 #include "prefill_attention.h"
 
@@ -144,6 +145,20 @@ struct AttnArgs {
   const float* append_v;
   KvAppendTarget append;
   int append_scratch_offset;
+  // DeviceDecodeOptions::window (0: none): the code chunks cover positions
+  // 0 .. len - window - 1 of a row (code_length), and the chunk after its
+  // last code chunk is the window's, written by window_attend_kernel from
+  // the rings (win_k, win_v: the layer's, [slots][num_kv_heads][capacity][d]
+  // fp16) of the row's slot win_slots[table row]. With win_store_k/v it
+  // first stores each row's newest K/V into them, rotated by win_rot_k/v.
+  int window;
+  int64_t window_capacity;
+  __half* win_k;
+  __half* win_v;
+  const int32_t* win_slots;
+  const float* win_store_k;
+  const float* win_store_v;
+  WindowRotation win_rot_k, win_rot_v;
 };
 
 __device__ __forceinline__ void row_of(const AttnArgs& a, int r, int& table_row, int64_t& len) {
@@ -154,6 +169,19 @@ __device__ __forceinline__ void row_of(const AttnArgs& a, int r, int& table_row,
     table_row = a.prefill_row;
     len = a.first_pos + r + 1;
   }
+}
+
+// The positions of a row of length len that its code chunks cover, 0 ..
+// code_length - 1: all of them, or those older than the window.
+__device__ __forceinline__ int64_t code_length(const AttnArgs& a, int64_t len) {
+  return a.window > 0 ? max(len - a.window, int64_t{0}) : len;
+}
+
+// The chunks the merge combines for a row of length len: its code chunks,
+// then the window's (always at least one token: the query's own).
+__device__ __forceinline__ int chunks_of_row(const AttnArgs& a, int64_t len) {
+  const int64_t code = code_length(a, len);
+  return static_cast<int>((code + a.split_tokens - 1) / a.split_tokens) + (a.window > 0 ? 1 : 0);
 }
 
 __device__ __forceinline__ uint32_t byte_of(uint32_t w, int k) { return (w >> (8 * k)) & 0xffu; }
@@ -521,7 +549,7 @@ __device__ void merge_in_cluster(const AttnArgs& a, int r, int h, int64_t len, f
   cluster.sync();  // every chunk's result is in its CTA's shared memory
   const int ranks = static_cast<int>(cluster.num_blocks()), rank = static_cast<int>(cluster.block_rank());
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int n_chunks = static_cast<int>((len + a.split_tokens - 1) / a.split_tokens);
+  const int n_chunks = chunks_of_row(a, len);
   float* lse_of = results + kDeviceMaxGroup * D;
   float lane_signs[D / 32];
   if (a.v_signs != nullptr) load_lane_signs<D>(a.v_signs, lane_signs);
@@ -583,15 +611,22 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32, Til
   // 32-bit token arithmetic (lengths < 2^31): 64-bit divisions are software
   // routines of ~100 instructions, which the per-tile page lookup paid.
   const int t0 = split * static_cast<int>(a.split_tokens);
-  if (t0 >= len) {  // this row has fewer chunks; the merge reads only its own
+  const int64_t code_len = code_length(a, len);
+  if (t0 >= code_len) {  // this row has fewer chunks; the merge reads only its own
     if (a.cluster_merge) {
       cuda::pdl_launch_dependents();
       cuda::pdl_wait();  // before its stores of the output
       merge_in_cluster<D>(a, r, h, len, reinterpret_cast<float*>(stages + a.cluster_result_offset), kWarps);
+    } else if (a.window > 0) {
+      // With a window every row may be shorter than it (the first tokens of
+      // a sequence): then every CTA exits here, and the grid must still
+      // complete after the window kernel before it, whose chunk the merge
+      // kernel after this grid reads.
+      cuda::pdl_wait();
     }
     return;
   }
-  const int t1 = static_cast<int>(min(len, int64_t{t0} + a.split_tokens));
+  const int t1 = static_cast<int>(min(code_len, int64_t{t0} + a.split_tokens));
 
   const int g = lane >> 2, c = lane & 3;
   const int sb = a.scale_bytes;
@@ -1018,7 +1053,7 @@ __global__ void __launch_bounds__(32 * kMergeWarps) merge_heads_kernel(AttnArgs 
   int table_row;
   int64_t len;
   row_of(a, r, table_row, len);
-  const int n_chunks = static_cast<int>((len + a.split_tokens - 1) / a.split_tokens);
+  const int n_chunks = chunks_of_row(a, len);
   const int64_t head = static_cast<int64_t>(r) * a.num_q_heads + qh;
   constexpr int kVec = D / 32;
   float (*so)[D] = staged_out[warp];
@@ -1072,7 +1107,7 @@ __global__ void __launch_bounds__(kRotThreads<D>) merge_haar_kernel(AttnArgs a, 
   int table_row;
   int64_t len;
   row_of(a, r, table_row, len);
-  const int n_chunks = static_cast<int>((len + a.split_tokens - 1) / a.split_tokens);
+  const int n_chunks = chunks_of_row(a, len);
   constexpr int kItems = kDeviceMaxGroup * D / kRotThreads<D>;
   const int64_t head0 = static_cast<int64_t>(r) * a.num_q_heads + h * a.group;
 #pragma unroll
@@ -1103,6 +1138,112 @@ __global__ void __launch_bounds__(kRotThreads<D>) merge_haar_kernel(AttnArgs a, 
     if (out16 != nullptr) out16[head0 * D + t] = __float2half_rn(y);
     else out[head0 * D + t] = y;
   }
+}
+
+// DeviceDecodeOptions::window: the positions code_length .. len - 1 of each
+// row, read from the fp16 rings, as the row's last chunk for the merge
+// kernel. One CTA per (row, KV head), one warp per query head of the group.
+// Its own kernel, not a few more CTAs of attend_kernel: that kernel's
+// registers and instruction count were tuned to its code loop, and code
+// present in it costs the loop even where it does not run (docs/kv-cache.md,
+// v21 and v26). The window is short (tens to hundreds of positions), so this
+// is CUDA-core arithmetic in fp32 on the fp16 copies: per pass of 32
+// positions, each lane scores one position against the query in shared
+// memory, the warp takes the pass's maximum and sum, and each lane then sums
+// its D/32 output coordinates over the pass's values. The query is the one
+// the code chunks score (rotated and scaled the same way), kept in fp32.
+constexpr int kWindowPass = 32;
+template <int D>
+__global__ void __launch_bounds__(32 * kDeviceMaxGroup) window_attend_kernel(AttnArgs a) {
+  __shared__ __align__(16) float q_stage[kDeviceMaxGroup][D];
+  __shared__ float p_stage[kDeviceMaxGroup][kWindowPass];
+  __shared__ float store_stage[2][D];
+  const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
+  const int r = blockIdx.x, h = blockIdx.y;
+  float lane_signs[D / 32];  // constant: before the wait
+  if (a.q_signs != nullptr) load_lane_signs<D>(a.q_signs, lane_signs);
+  cuda::pdl_wait();  // the queries, the newest K/V and the rings come from earlier kernels
+  cuda::pdl_launch_dependents();
+  int table_row;
+  int64_t len;
+  row_of(a, r, table_row, len);
+  const int cap = static_cast<int>(a.window_capacity);
+  const int64_t ring = (static_cast<int64_t>(a.win_slots[table_row]) * a.num_kv_heads + h) * cap;
+  const __half* ring_k = a.win_k + ring * D;
+  const __half* ring_v = a.win_v + ring * D;
+  if (a.win_store_k != nullptr) {  // a decode step: the row's newest K/V first
+    if (warp < 2) {
+      const float* src = (warp == 0 ? a.win_store_k : a.win_store_v) + (static_cast<int64_t>(r) * a.num_kv_heads + h) * D;
+      float x[D / 32];
+#pragma unroll
+      for (int u = 0; u < D / 32; ++u) x[u] = src[lane + 32 * u];
+      __half* dst = (warp == 0 ? a.win_k : a.win_v) + (ring + static_cast<int>((len - 1) % cap)) * D;
+      store_window_vector_warp<D>(x, warp == 0 ? a.win_rot_k : a.win_rot_v, store_stage[warp], dst);
+    }
+    __syncthreads();  // the stores are visible to the block's reads below
+  }
+  if (warp >= a.group) return;
+  const int64_t head = static_cast<int64_t>(r) * a.num_q_heads + h * a.group + warp;
+  float q[D / 32];
+#pragma unroll
+  for (int u = 0; u < D / 32; ++u) q[u] = a.q[head * D + lane + 32 * u];
+  if (a.q_signs != nullptr) hadamard_rotate_warp<D>(q, lane_signs, a.q_rotate_scale);
+#pragma unroll
+  for (int u = 0; u < D / 32; ++u) q_stage[warp][lane + 32 * u] = q[u] * a.q_scale;
+  __syncwarp();
+  const float4* qv = reinterpret_cast<const float4*>(q_stage[warp]);
+  float m = -INFINITY, l = 0.0f, o[D / 32];
+#pragma unroll
+  for (int u = 0; u < D / 32; ++u) o[u] = 0.0f;
+  const int last = static_cast<int>(len);
+  for (int t0 = static_cast<int>(code_length(a, len)); t0 < last; t0 += kWindowPass) {
+    const int t = t0 + lane;
+    float s = -INFINITY;
+    if (t < last) {
+      const uint4* kr = reinterpret_cast<const uint4*>(ring_k + static_cast<int64_t>(t % cap) * D);
+      float acc = 0.0f;
+#pragma unroll
+      for (int i = 0; i < D / 8; ++i) {
+        const uint4 w = kr[i];
+        const float4 qa = qv[2 * i], qb = qv[2 * i + 1];
+        const float2 k0 = __half22float2(*reinterpret_cast<const __half2*>(&w.x));
+        const float2 k1 = __half22float2(*reinterpret_cast<const __half2*>(&w.y));
+        const float2 k2 = __half22float2(*reinterpret_cast<const __half2*>(&w.z));
+        const float2 k3 = __half22float2(*reinterpret_cast<const __half2*>(&w.w));
+        acc = fmaf(qa.x, k0.x, acc), acc = fmaf(qa.y, k0.y, acc), acc = fmaf(qa.z, k1.x, acc);
+        acc = fmaf(qa.w, k1.y, acc), acc = fmaf(qb.x, k2.x, acc), acc = fmaf(qb.y, k2.y, acc);
+        acc = fmaf(qb.z, k3.x, acc), acc = fmaf(qb.w, k3.y, acc);
+      }
+      s = acc;
+    }
+    float mx = s;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+    const float n = fmaxf(m, mx);  // finite: lane 0's position is in the window
+    const float alpha = exp2f(m - n);
+    const float p = t < last ? exp2f(s - n) : 0.0f;
+    float sum = p;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    l = l * alpha + sum;
+    m = n;
+    p_stage[warp][lane] = p;
+    __syncwarp();
+#pragma unroll
+    for (int u = 0; u < D / 32; ++u) o[u] *= alpha;
+    const int count = min(kWindowPass, last - t0);
+    for (int j = 0; j < count; ++j) {
+      const __half* vr = ring_v + static_cast<int64_t>((t0 + j) % cap) * D;
+      const float pj = p_stage[warp][j];
+#pragma unroll
+      for (int u = 0; u < D / 32; ++u) o[u] = fmaf(pj, __half2float(vr[lane + 32 * u]), o[u]);
+    }
+    __syncwarp();  // p_stage is rewritten by the next pass
+  }
+  const int64_t chunk = head * a.max_splits + (chunks_of_row(a, len) - 1);
+#pragma unroll
+  for (int u = 0; u < D / 32; ++u) a.part_out[chunk * D + lane + 32 * u] = o[u] / l;
+  if (lane == 0) a.part_lse[chunk] = m + log2f(l);
 }
 
 int fmt_of(KvFormat f) {
@@ -1340,21 +1481,49 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
   LOWBIT_CHECK_ARG(options.split_tokens >= 0 && options.split_tokens % kTile == 0, "split_tokens",
                    options.split_tokens, "0 (auto) or a positive multiple of 16");
   const int group = num_q_heads / H;
-  const int64_t whole = (max_length + kTile - 1) / kTile * kTile;  // one chunk per row
+  const DeviceKvWindow* window = options.window;
+  LOWBIT_CHECK_ARG((options.window_k == nullptr) == (options.window_v == nullptr), "window_k",
+                   options.window_k == nullptr ? "null" : "set", "set together with window_v");
+  if (window != nullptr) {
+    LOWBIT_CHECK_ARG(window->num_kv_heads() == H && window->head_dim() == cfg.head_dim, "window", "another geometry",
+                     "a window made for this cache's config");
+    LOWBIT_CHECK_ARG(options.window_slots != nullptr, "window_slots", "null",
+                     "each row's sequence slot in the window (device)");
+    LOWBIT_CHECK_ARG(options.append_k == nullptr, "append_k", "set",
+                     "null with a window (device_append_tokens stores the codes)");
+    LOWBIT_CHECK_ARG(options.window_k == nullptr || prefill_row < 0, "window_k", "set",
+                     "null for prefill (device_window_write stores a block's copies)");
+    LOWBIT_CHECK_ARG(prefill_row < 0 || rows <= device_window_max_block(*window), "n_tokens", rows,
+                     "at most capacity - window + 1 = " + std::to_string(device_window_max_block(*window)) +
+                         " with this window (attend a longer block in pieces)");
+    LOWBIT_CHECK_ARG(max_length < (int64_t{1} << 31), "length", max_length, "below 2^31 positions with a window");
+  } else {
+    LOWBIT_CHECK_ARG(options.window_k == nullptr, "window_k", "set", "null without a window");
+  }
+  // With a window the code chunks cover the positions older than it (at
+  // least one planned position, so that the launch has a CTA per row: rows
+  // shorter than the window exit at once).
+  const int64_t code_tokens =
+      window != nullptr ? std::max<int64_t>(max_length - window->window(), 1) : max_length;
+  const int64_t whole = (code_tokens + kTile - 1) / kTile * kTile;  // one chunk per row
   LOWBIT_CHECK_ARG(options.cta_warps == 0 || options.cta_warps == 8 || options.cta_warps == 16, "cta_warps",
                    options.cta_warps, "0 (chosen), 8 or 16");
-  const DecodePlan plan = plan_decode(cfg, rows, max_length, sm_count(), options.cta_warps);
+  const DecodePlan plan = plan_decode(cfg, rows, code_tokens, sm_count(), options.cta_warps);
   // Prefill: the tiled kernel (prefill_attention.cu) unless the caller asks
   // for the decode kernel, one row per query token, or the device's shared
-  // memory per block is too small for it.
-  const bool tiled = prefill_row >= 0 && options.prefill_tiled &&
+  // memory per block is too small for it, or there is a window (each query
+  // has its own boundary between codes and copies; the decode kernel's rows
+  // each have their own).
+  const bool tiled = prefill_row >= 0 && options.prefill_tiled && window == nullptr &&
                      tiled_prefill_fits(fmt_of(cfg.k_format), fmt_of(cfg.v_format), cfg.head_dim, num_q_heads / H);
   LOWBIT_CHECK_ARG(!tiled || max_length < (int64_t{1} << 30), "first_pos + n_tokens", max_length,
                    "below 2^30 positions for the tiled prefill");
   const int64_t auto_split =
       tiled ? tiled_prefill_split_tokens(rows, max_length, H, num_q_heads / H, sm_count()) : plan.split_tokens;
   const int64_t split = options.split_tokens > 0 ? std::min(options.split_tokens, whole) : auto_split;
-  const int max_splits = static_cast<int>((max_length + split - 1) / split);
+  // The code chunks of the longest row, then the window's chunk.
+  const int code_chunks = static_cast<int>((code_tokens + split - 1) / split);
+  const int max_splits = code_chunks + (window != nullptr ? 1 : 0);
   LOWBIT_CHECK_ARG(max_splits <= 65535, "split_tokens", split, "at most 65535 chunks per row");
   const int d = cfg.head_dim;
   const float scale = softmax_scale_of(cfg, options);
@@ -1421,13 +1590,31 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
   a.q_scale = k_rot ? 1.0f : scale * kLog2e;
   a.split_tokens = split;
   a.max_splits = max_splits;
+  if (window != nullptr) {
+    a.window = static_cast<int>(std::min<int64_t>(window->window(), int64_t{1} << 30));
+    a.window_capacity = window->capacity();
+    a.win_k = static_cast<__half*>(window->k(layer));
+    a.win_v = static_cast<__half*>(window->v(layer));
+    a.win_slots = options.window_slots;
+    a.win_store_k = options.window_k;
+    a.win_store_v = options.window_v;
+    const auto rotation_of = [&](KvFormat f) {
+      WindowRotation r;
+      if (!is_quantized(f)) return r;
+      r.signs = signs;
+      if (signs == nullptr) r.matrix = cache.rotation(layer);
+      return r;
+    };
+    a.win_rot_k = rotation_of(cfg.k_format);
+    a.win_rot_v = rotation_of(cfg.v_format);
+  }
   const float* mt = v_rot ? cache.rotation_t(layer) : nullptr;
   const float* v_signs = v_rot ? signs : nullptr;
   __half* out16 = static_cast<__half*>(options.out_f16);
   // The chunks of a row merged inside a cluster of its CTAs (sm_90, up to 8
   // chunks per row, V un-rotated by signs if at all), else by the merge
   // kernel from partials in global memory.
-  a.cluster_merge = !tiled && options.cluster_merge && max_splits <= kMaxClusterChunks &&
+  a.cluster_merge = !tiled && window == nullptr && options.cluster_merge && max_splits <= kMaxClusterChunks &&
                     (mt == nullptr || v_signs != nullptr) && clusters_available();
   // A cluster is placed whole, inside one GPC. When the call's clusters do
   // not all fit at once, those left over wait for a second wave: on an H100,
@@ -1465,7 +1652,7 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
     const auto& c = vq->codebook().centroids_f32;
     for (size_t i = 0; i < c.size(); ++i) dst[i] = c[i];
   }
-  const dim3 grid(max_splits, H, rows);
+  const dim3 grid(code_chunks, H, rows);
   if (tiled) {
     TiledPrefillArgs t;
     t.pool = a.pool;
@@ -1486,6 +1673,13 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
     t.part_lse = a.part_lse;
     for (int i = 0; i < 16; ++i) t.k_centroids[i] = a.k_centroids[i], t.v_centroids[i] = a.v_centroids[i];
     launch_tiled_prefill(fmt_of(cfg.k_format), fmt_of(cfg.v_format), d, t, stream);
+  }
+  // The window's chunk first: the code chunks then start behind it, and the
+  // merge kernel, which waits for the code chunks' grid, reads both.
+  if (window != nullptr) {
+    const dim3 block(32 * static_cast<unsigned>(std::max(group, 2)));
+    if (d == 64) cuda::launch_with_pdl(window_attend_kernel<64>, dim3(rows, H), block, 0, stream, a);
+    else cuda::launch_with_pdl(window_attend_kernel<128>, dim3(rows, H), block, 0, stream, a);
   }
   if (d == 64) {
     if (!tiled) dispatch<64>(fmt_of(cfg.k_format), fmt_of(cfg.v_format), plan.wide, a, grid, stream);

@@ -630,16 +630,16 @@ TEST(CudaEngine, RejectsWhatItCannotRun) {
   EXPECT_TRUE(test::throws_error([&] { (void)make_cuda_backend(model, kv, false); }, ErrorKind::unsupported,
                                  "head_dim"));
   const Model ok = make_random_model(tiny_config(Architecture::llama), 1, WeightMode::dense, 0.08f);
-  // The device cache has no fp16 window of recent K/V (KvOptions::fp16_window):
-  // refused, and --device auto runs such a cache on the CPU.
+  // --device auto runs what the GPU's backend refuses on the CPU, and says why.
+  std::string why_cpu;
+  EXPECT_EQ(make_backend("auto", model, CpuBackendOptions{kv}, &why_cpu)->name().rfind("cpu", 0), 0u);
+  EXPECT_NE(why_cpu.find("head_dim"), std::string::npos) << why_cpu;
+  // An fp16 window of recent K/V (KvOptions::fp16_window) runs on the GPU.
   KvOptions windowed;
   windowed.k = windowed.v = KvStorage::tq4;
   windowed.fp16_window = 16;
-  EXPECT_TRUE(test::throws_error([&] { (void)make_cuda_backend(ok, windowed, false); }, ErrorKind::unsupported,
-                                 "fp16 window"));
-  std::string why_cpu;
-  EXPECT_EQ(make_backend("auto", ok, CpuBackendOptions{windowed}, &why_cpu)->name().rfind("cpu", 0), 0u);
-  EXPECT_NE(why_cpu.find("--kv-fp16-window 16"), std::string::npos) << why_cpu;
+  EXPECT_EQ(make_backend("auto", ok, CpuBackendOptions{windowed}, &why_cpu)->name(), "cuda");
+  EXPECT_EQ(why_cpu, "");
   EXPECT_EQ(make_backend("auto", ok, CpuBackendOptions{kv}, &why_cpu)->name(), "cuda");
   EXPECT_EQ(why_cpu, "") << "a backend that ran on the GPU has nothing to explain";
   kv.max_tokens = 8;
@@ -665,6 +665,105 @@ TEST(CudaEngine, RejectsWhatItCannotRun) {
   // Nothing of the refused calls was kept: the sequence still takes 8 tokens.
   run(s, std::vector<int32_t>(8, 2));
   EXPECT_EQ(gpu->length(s), 8);
+}
+
+// A prompt of `prompt_len` tokens, then `steps` decode steps fed `tokens`:
+// the greedy choices of this backend, recorded into it, where it is empty;
+// else the tokens recorded by an earlier call (so every backend sees the
+// same ones). The logits of every prompt token, then of each step.
+std::vector<float> prompt_and_steps(Backend& backend, int prompt_len, int steps, std::vector<int32_t>& tokens) {
+  const int vocab = static_cast<int>(backend.model().config.vocab);
+  const bool record = tokens.empty();
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < prompt_len; ++i) prompt.push_back(static_cast<int32_t>((i * 37 + 5) % vocab));
+  const int s = backend.add_sequence();
+  std::vector<float> all, logits;
+  backend.forward(std::vector<StepInput>{{s, prompt}}, LogitsWanted::all, all);
+  for (int step = 0; step < steps; ++step) {
+    if (record) {
+      const auto last = all.end() - vocab;
+      tokens.push_back(static_cast<int32_t>(std::max_element(last, all.end()) - last));
+    }
+    const std::vector<int32_t> next = {tokens[static_cast<size_t>(step)]};
+    backend.forward(std::vector<StepInput>{{s, next}}, LogitsWanted::last, logits);
+    all.insert(all.end(), logits.begin(), logits.end());
+  }
+  return all;
+}
+
+// KvOptions::fp16_window on the GPU (kv/device_window.h) against the CPU
+// backend's window, with the tq bounds of PrefillAndDecodeLogitsAgree: a
+// window of 8 under a 21-token prompt and 6 decode steps (most queries read
+// codes and copies; the decode steps replay a CUDA graph), both rotations
+// and head dimensions; and a 300-token prompt with a window of 16, which
+// the GPU attends in pieces of kWindowPrefillBlock queries.
+TEST(CudaEngine, Fp16WindowAgreesWithTheCpuBackend) {
+  LOWBIT_REQUIRE_GPU();
+  struct WindowCase {
+    Architecture arch;
+    int64_t head_dim;
+    kv::RotationKind rotation;
+    KvStorage k, v;
+    int64_t window;
+    int prompt;
+  };
+  const WindowCase cases[] = {
+      {Architecture::qwen3, 128, kv::RotationKind::hadamard, KvStorage::tq4, KvStorage::tq4, 8, 21},
+      {Architecture::llama, 64, kv::RotationKind::haar, KvStorage::tq4, KvStorage::tq4, 8, 21},
+      {Architecture::qwen3, 64, kv::RotationKind::hadamard, KvStorage::fp16, KvStorage::tq3, 8, 21},
+      {Architecture::qwen3, 128, kv::RotationKind::hadamard, KvStorage::tq4, KvStorage::tq4, 16, 300},
+  };
+  for (const WindowCase& wc : cases) {
+    SCOPED_TRACE(std::string(architecture_name(wc.arch)) + " d" + std::to_string(wc.head_dim) + " window " +
+                 std::to_string(wc.window) + " prompt " + std::to_string(wc.prompt));
+    const Model model = make_random_model(tiny_config(wc.arch, wc.head_dim), 99, WeightMode::w4, 0.08f);
+    CpuBackendOptions options;
+    options.kv.k = wc.k;
+    options.kv.v = wc.v;
+    options.kv.max_tokens = 320;
+    options.kv.page_size = 16;
+    options.kv.rotation = wc.rotation;
+    options.kv.fp16_window = wc.window;
+    auto cpu = make_cpu_backend(model, options);
+    auto gpu = make_cuda_backend(model, options.kv, false);
+    std::vector<int32_t> tokens;
+    const std::vector<float> want = prompt_and_steps(*cpu, wc.prompt, 6, tokens);
+    const std::vector<float> got = prompt_and_steps(*gpu, wc.prompt, 6, tokens);
+    ASSERT_EQ(got.size(), want.size());
+    for (float v : got) ASSERT_TRUE(std::isfinite(v));
+    EXPECT_LE(max_rel_error(got, want), logits_tolerance(wc.v == KvStorage::tq3 ? KvStorage::tq3 : KvStorage::tq4));
+    EXPECT_GT(gpu->kv().bytes_used(), 0);
+    EXPECT_NE(gpu->kv().describe().find("newest " + std::to_string(wc.window) + " tokens also fp16"),
+              std::string::npos)
+        << gpu->kv().describe();
+  }
+}
+
+// A window over every position of the sequence makes a tq4 cache an fp16
+// one: the GPU's logits then agree with its fp16 K/V within the fp16 bound,
+// and closer than the same tq4 cache without a window does (so the copies,
+// not the codes, were read).
+TEST(CudaEngine, Fp16WindowOverEveryPositionIsAnFp16Cache) {
+  LOWBIT_REQUIRE_GPU();
+  const Model model = make_random_model(tiny_config(Architecture::qwen3), 99, WeightMode::w4, 0.08f);
+  KvOptions kv;
+  kv.max_tokens = 64;
+  kv.page_size = 16;
+  kv.rotation = kv::RotationKind::hadamard;
+  kv.k = kv.v = KvStorage::fp16;
+  std::vector<int32_t> tokens;
+  auto fp16 = make_cuda_backend(model, kv, false);
+  const std::vector<float> want = prompt_and_steps(*fp16, 21, 6, tokens);
+  kv.k = kv.v = KvStorage::tq4;
+  auto plain = make_cuda_backend(model, kv, false);
+  const double plain_error = max_rel_error(prompt_and_steps(*plain, 21, 6, tokens), want);
+  kv.fp16_window = 64;
+  auto windowed = make_cuda_backend(model, kv, false);
+  const double windowed_error = max_rel_error(prompt_and_steps(*windowed, 21, 6, tokens), want);
+  EXPECT_LE(windowed_error, test::kCudaEngineLogitsRelError);
+  EXPECT_LT(windowed_error, plain_error);
+  RecordProperty("tq4_vs_fp16", std::to_string(plain_error));
+  RecordProperty("tq4_window_vs_fp16", std::to_string(windowed_error));
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, CudaEngineVsCpu,

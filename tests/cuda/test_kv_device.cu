@@ -900,5 +900,251 @@ TEST(KvDevice, RejectsBadArguments) {
       ErrorKind::invalid_argument, "first_pos"));
 }
 
+
+// ---- the fp16 window (device_window.h, DeviceDecodeOptions::window) ------------
+
+// What a query at position `pos` of sequence b reads with a window of
+// `window` tokens: the positions older than the window from the cache's
+// codes (read_original: dequantized and un-rotated, the quantized path's
+// values), the window's from the original fp32 K/V; an exact softmax in
+// double. q: [q_heads][d] of this query; out likewise.
+void windowed_attention_ref(const HostBatch& hb, const KvCacheConfig& c, int b, int64_t pos, int64_t window,
+                            const float* q, int q_heads, float* out) {
+  const int d = c.head_dim, H = c.num_kv_heads, group = q_heads / H;
+  const int64_t len = pos + 1, first = std::max<int64_t>(0, len - window);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  std::vector<float> keys(static_cast<size_t>(len * d)), values(static_cast<size_t>(len * d));
+  for (int kh = 0; kh < H; ++kh) {
+    for (int64_t t = 0; t < len; ++t) {
+      float* kt = keys.data() + t * d;
+      float* vt = values.data() + t * d;
+      if (t < first) {
+        hb.cache.read_original(KvPart::key, kTestLayer, hb.seqs[b], t, kh, {kt, static_cast<size_t>(d)});
+        hb.cache.read_original(KvPart::value, kTestLayer, hb.seqs[b], t, kh, {vt, static_cast<size_t>(d)});
+      } else {
+        const size_t at = static_cast<size_t>((t * H + kh) * d);
+        std::copy_n(hb.k[static_cast<size_t>(b)].data() + at, d, kt);
+        std::copy_n(hb.v[static_cast<size_t>(b)].data() + at, d, vt);
+      }
+    }
+    for (int g = 0; g < group; ++g) {
+      const float* qh = q + static_cast<size_t>((kh * group + g) * d);
+      std::vector<double> s(static_cast<size_t>(len));
+      double mx = -INFINITY;
+      for (int64_t t = 0; t < len; ++t) {
+        double dot = 0;
+        for (int j = 0; j < d; ++j) dot += static_cast<double>(qh[j]) * keys[static_cast<size_t>(t * d + j)];
+        s[static_cast<size_t>(t)] = dot * scale;
+        mx = std::max(mx, s[static_cast<size_t>(t)]);
+      }
+      std::vector<double> acc(static_cast<size_t>(d), 0.0);
+      double total = 0;
+      for (int64_t t = 0; t < len; ++t) {
+        const double p = std::exp(s[static_cast<size_t>(t)] - mx);
+        total += p;
+        for (int j = 0; j < d; ++j) acc[static_cast<size_t>(j)] += p * values[static_cast<size_t>(t * d + j)];
+      }
+      for (int j = 0; j < d; ++j) out[(kh * group + g) * d + j] = static_cast<float>(acc[static_cast<size_t>(j)] / total);
+    }
+  }
+}
+
+Buffer to_device_i32(const std::vector<int32_t>& x) {
+  Buffer b(x.size() * 4, Device::cuda);
+  Buffer::copy(b.data(), Device::cuda, x.data(), Device::cpu, x.size() * 4);
+  return b;
+}
+
+struct WindowCase {
+  KvFormat kf = KvFormat::tq4, vf = KvFormat::tq4;
+  std::vector<int64_t> lens;
+  int64_t window = 0;
+  int head_dim = 128, kv_heads = 8, q_heads = 40, page_size = 16;
+  RotationKind rotation = RotationKind::haar;
+  int64_t split_tokens = 0, plan_length = 0;
+};
+
+// Decode with a window against windowed_attention_ref: the newest token's
+// copies stored by the window kernel (window_k / window_v), then the same
+// call with them stored by device_window_write first (the same bits), and
+// with Hadamard rotations the queries rotated by the caller (the same bits:
+// the engine's path).
+void check_window_decode(const WindowCase& w) {
+  SCOPED_TRACE(name(w.kf, w.vf) + " window " + std::to_string(w.window) + " d=" + std::to_string(w.head_dim) + " " +
+               rotation_kind_name(w.rotation) + " split " + std::to_string(w.split_tokens) + " plan " +
+               std::to_string(w.plan_length));
+  const KvCacheConfig c = make_config(w.kf, w.vf, w.page_size, pages_for(w.lens, w.page_size), w.kv_heads,
+                                      ScaleDType::f16, w.rotation, w.head_dim);
+  HostBatch hb(c, w.lens, DataKind::gaussian, 31);
+  DeviceKvCache dev(c);
+  dev.upload(hb.cache);
+  const DeviceBlockTables tables = DeviceBlockTables::from_cache(hb.cache, hb.seqs);
+  const int batch = static_cast<int>(w.lens.size()), H = w.kv_heads, d = w.head_dim;
+  DeviceKvWindow win(c, w.window, w.window + 40, batch + 1);
+  std::vector<int32_t> slots;  // not the rows' order: the slots are looked up
+  for (int b = 0; b < batch; ++b) slots.push_back(batch - b);
+  const Buffer slots_d = to_device_i32(slots);
+  std::vector<float> newest(static_cast<size_t>(batch * H * d));
+  for (int b = 0; b < batch; ++b) {
+    const int64_t len = w.lens[static_cast<size_t>(b)];
+    std::copy_n(hb.k[static_cast<size_t>(b)].data() + (len - 1) * H * d, H * d, newest.data() + b * H * d);
+    if (len == 1) continue;
+    const Buffer kd = to_device(hb.k[static_cast<size_t>(b)]), vd = to_device(hb.v[static_cast<size_t>(b)]);
+    device_window_write(dev, win, kTestLayer, slots[static_cast<size_t>(b)], 0, len - 1, kd.as<float>(),
+                        vd.as<float>());
+  }
+  std::vector<float> newest_v(newest.size());
+  for (int b = 0; b < batch; ++b) {
+    const int64_t len = w.lens[static_cast<size_t>(b)];
+    std::copy_n(hb.v[static_cast<size_t>(b)].data() + (len - 1) * H * d, H * d, newest_v.data() + b * H * d);
+  }
+  const Buffer newest_k_d = to_device(newest), newest_v_d = to_device(newest_v);
+  const std::vector<float> q = kvtest::random_rows(batch, w.q_heads, d, 555, DataKind::gaussian, false);
+  std::vector<float> ref(q.size());
+  for (int b = 0; b < batch; ++b)
+    windowed_attention_ref(hb, c, b, w.lens[static_cast<size_t>(b)] - 1, w.window, q.data() + b * w.q_heads * d,
+                           w.q_heads, ref.data() + b * w.q_heads * d);
+  const Buffer qd = to_device(q);
+  AttentionWorkspace ws;
+  DeviceDecodeOptions o;
+  o.split_tokens = w.split_tokens;
+  o.plan_length = w.plan_length;
+  o.window = &win;
+  o.window_slots = slots_d.as<const int32_t>();
+  o.window_k = newest_k_d.as<float>();
+  o.window_v = newest_v_d.as<float>();
+  const auto decode = [&](const DeviceDecodeOptions& opt, const Buffer& queries) {
+    Buffer out = poisoned_output(q.size());
+    device_decode_attention(dev, kTestLayer, tables, w.q_heads, queries.as<float>(), out.as<float>(), ws, opt);
+    LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+    return from_device(out, q.size());
+  };
+  const std::vector<float> got = decode(o, qd);
+  EXPECT_TRUE(close_to_reference(got, ref)) << "newest copies stored by the window kernel";
+  for (int b = 0; b < batch; ++b)
+    device_window_write(dev, win, kTestLayer, slots[static_cast<size_t>(b)], w.lens[static_cast<size_t>(b)] - 1, 1,
+                        newest_k_d.as<float>() + b * H * d, newest_v_d.as<float>() + b * H * d);
+  DeviceDecodeOptions stored = o;
+  stored.window_k = stored.window_v = nullptr;
+  EXPECT_EQ(std::memcmp(decode(stored, qd).data(), got.data(), got.size() * 4), 0)
+      << "copies stored by device_window_write give other bits than the window kernel's";
+  if (w.rotation != RotationKind::hadamard || w.kf == KvFormat::fp16) return;
+  stored.queries_rotated = true;
+  EXPECT_EQ(std::memcmp(decode(stored, to_device(rotated_queries(hb.cache, c, q))).data(), got.data(),
+                        got.size() * 4),
+            0)
+      << "queries rotated by the caller give other bits than those rotated in the kernels";
+}
+
+// Rows shorter than the window (every position from the copies: no code
+// chunk, every CTA of the code kernel exits, and the merge still waits for
+// the window's), longer ones across page and chunk boundaries, windows of
+// 1 (only the query's own position), 16 and 100, both rotations, both head
+// dimensions, fp16 parts (their copies unrotated), forced splits, and a plan
+// longer than the rows (the engine's decode graphs).
+TEST(KvDevice, DecodeWithAnFp16Window) {
+  LOWBIT_REQUIRE_GPU();
+  const std::vector<int64_t> mixed = {1, 15, 16, 17, 100, 301};
+  for (RotationKind rotation : {RotationKind::haar, RotationKind::hadamard}) {
+    check_window_decode({.lens = mixed, .window = 16, .rotation = rotation});
+    check_window_decode({.lens = mixed, .window = 16, .head_dim = 64, .kv_heads = 3, .q_heads = 9,
+                         .rotation = rotation});
+  }
+  check_window_decode({.lens = {1, 5, 20}, .window = 100});                      // every row inside its window
+  check_window_decode({.lens = {1, 5, 20}, .window = 100, .plan_length = 512});  // and a longer plan
+  check_window_decode({.lens = mixed, .window = 1});
+  check_window_decode({.lens = mixed, .window = 16, .split_tokens = 32});
+  check_window_decode({.lens = mixed, .window = 64, .rotation = RotationKind::hadamard, .plan_length = 768});
+  check_window_decode({.kf = KvFormat::fp16, .vf = KvFormat::tq4, .lens = mixed, .window = 16});
+  check_window_decode({.kf = KvFormat::tq3, .vf = KvFormat::fp16, .lens = mixed, .window = 16,
+                       .rotation = RotationKind::hadamard});
+  check_window_decode({.kf = KvFormat::tq2, .vf = KvFormat::tq2, .lens = {2000}, .window = 64});
+}
+
+// A prefill block with a window: query i of the block (position first_pos +
+// i) reads its own window. The rings hold exactly what the block needs
+// (capacity = window + block - 1); one more query is refused.
+void check_window_prefill(KvFormat kf, KvFormat vf, int64_t len, int64_t first_pos, int64_t window, int head_dim,
+                          RotationKind rotation, int kv_heads, int q_heads) {
+  SCOPED_TRACE(name(kf, vf) + " prefill " + std::to_string(first_pos) + ".." + std::to_string(len - 1) +
+               " window " + std::to_string(window) + " d=" + std::to_string(head_dim) + " " +
+               rotation_kind_name(rotation));
+  const std::vector<int64_t> lens = {len};
+  const KvCacheConfig c = make_config(kf, vf, 16, pages_for(lens, 16), kv_heads, ScaleDType::f16, rotation, head_dim);
+  HostBatch hb(c, lens, DataKind::gaussian, 41);
+  DeviceKvCache dev(c);
+  dev.upload(hb.cache);
+  const DeviceBlockTables tables = DeviceBlockTables::from_cache(hb.cache, hb.seqs);
+  const int64_t n = len - first_pos;
+  DeviceKvWindow win(c, window, window + n - 1, 1);
+  EXPECT_EQ(device_window_max_block(win), n);
+  const Buffer kd = to_device(hb.k[0]), vd = to_device(hb.v[0]);
+  device_window_write(dev, win, kTestLayer, 0, 0, len, kd.as<float>(), vd.as<float>());  // keeps the last ones
+  const Buffer slots_d = to_device_i32({0});
+  const std::vector<float> q = kvtest::random_rows(n, q_heads, head_dim, 8, DataKind::gaussian, false);
+  std::vector<float> ref(q.size());
+  for (int64_t i = 0; i < n; ++i)
+    windowed_attention_ref(hb, c, 0, first_pos + i, window, q.data() + i * q_heads * head_dim, q_heads,
+                           ref.data() + i * q_heads * head_dim);
+  const Buffer qd = to_device(q);
+  AttentionWorkspace ws;
+  DeviceDecodeOptions o;
+  o.window = &win;
+  o.window_slots = slots_d.as<const int32_t>();
+  Buffer out = poisoned_output(q.size());
+  device_prefill_attention(dev, kTestLayer, tables, 0, first_pos, n, q_heads, qd.as<float>(), out.as<float>(), ws, o);
+  LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_TRUE(close_to_reference(from_device(out, q.size()), ref));
+  if (first_pos > 0)
+    EXPECT_TRUE(throws_error([&] { device_prefill_attention(dev, kTestLayer, tables, 0, first_pos - 1, n + 1, q_heads,
+                                                            qd.as<float>(), out.as<float>(), ws, o); },
+                             ErrorKind::invalid_argument, "pieces"));
+}
+
+TEST(KvDevice, PrefillWithAnFp16Window) {
+  LOWBIT_REQUIRE_GPU();
+  check_window_prefill(KvFormat::tq4, KvFormat::tq4, 200, 0, 16, 128, RotationKind::haar, 8, 40);
+  check_window_prefill(KvFormat::tq4, KvFormat::tq4, 333, 100, 64, 128, RotationKind::hadamard, 8, 40);
+  check_window_prefill(KvFormat::tq4, KvFormat::tq4, 97, 17, 300, 64, RotationKind::hadamard, 3, 9);
+  check_window_prefill(KvFormat::fp16, KvFormat::tq3, 150, 30, 8, 64, RotationKind::haar, 3, 9);
+}
+
+TEST(KvDevice, Fp16WindowRejectsBadArguments) {
+  LOWBIT_REQUIRE_GPU();
+  const std::vector<int64_t> lens = {20};
+  const KvCacheConfig c = make_config(KvFormat::tq4, KvFormat::tq4, 16, 4, 2, ScaleDType::f16, RotationKind::hadamard);
+  HostBatch hb(c, lens, DataKind::gaussian, 1);
+  DeviceKvCache dev(c);
+  const DeviceBlockTables tables = DeviceBlockTables::from_cache(hb.cache, hb.seqs);
+  EXPECT_TRUE(throws_error([&] { DeviceKvWindow bad(c, 0, 8, 1); }, ErrorKind::invalid_argument, "window"));
+  EXPECT_TRUE(throws_error([&] { DeviceKvWindow bad(c, 16, 8, 1); }, ErrorKind::invalid_argument, "capacity"));
+  EXPECT_TRUE(throws_error([&] { DeviceKvWindow bad(c, 8, 8, 0); }, ErrorKind::invalid_argument, "slots"));
+  DeviceKvWindow win(c, 8, 16, 1);
+  Buffer q(4 * 128 * 4, Device::cuda), out(4 * 128 * 4, Device::cuda), kv(2 * 128 * 4, Device::cuda);
+  const Buffer slots_d = to_device_i32({0});
+  AttentionWorkspace ws;
+  DeviceDecodeOptions o;
+  o.window = &win;
+  const auto decode = [&] { device_decode_attention(dev, 0, tables, 4, q.as<float>(), out.as<float>(), ws, o); };
+  EXPECT_TRUE(throws_error(decode, ErrorKind::invalid_argument, "window_slots"));
+  o.window_slots = slots_d.as<const int32_t>();
+  o.append_k = o.append_v = kv.as<float>();
+  EXPECT_TRUE(throws_error(decode, ErrorKind::invalid_argument, "append_k"));
+  o.append_k = o.append_v = nullptr;
+  o.window_k = kv.as<float>();
+  EXPECT_TRUE(throws_error(decode, ErrorKind::invalid_argument, "window_v"));
+  o.window_v = kv.as<float>();
+  EXPECT_TRUE(throws_error(
+      [&] { device_prefill_attention(dev, 0, tables, 0, 10, 1, 4, q.as<float>(), out.as<float>(), ws, o); },
+      ErrorKind::invalid_argument, "window_k"));
+  EXPECT_TRUE(throws_error([&] { device_window_write(dev, win, 0, 1, 0, 1, kv.as<float>(), kv.as<float>()); },
+                           ErrorKind::invalid_argument, "slot"));
+  const KvCacheConfig other = make_config(KvFormat::tq4, KvFormat::tq4, 16, 4, 4);
+  DeviceKvWindow wrong(other, 8, 16, 1);
+  o.window_k = o.window_v = nullptr;
+  o.window = &wrong;
+  EXPECT_TRUE(throws_error(decode, ErrorKind::invalid_argument, "window"));
+}
+
 }  // namespace
 }  // namespace lowbit::kv

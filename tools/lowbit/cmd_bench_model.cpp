@@ -33,6 +33,11 @@ void add_bench_model_command(CLI::App& bench) {
                     "when head_dim is a power of two)")
       ->check(CLI::IsMember({"auto", "haar", "hadamard"}))
       ->capture_default_str();
+  model->add_option("--kv-fp16-window", options.kv_fp16_window,
+                    "With the tq formats: each sequence's newest N tokens also as fp16 copies, attended from\n"
+                    "them (lowbit generate's --kv-fp16-window), to time what the window costs")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   model->add_option("--batch", options.batches, "Batch sizes")
       ->delimiter(',')
       ->check(CLI::PositiveNumber)

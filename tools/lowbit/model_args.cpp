@@ -68,8 +68,8 @@ engine::KvStorage kv_option(const std::string& name, const char* flag) {
 
 void add_model_run_options(CLI::App& cmd, ModelRunOptions& o) {
   cmd.add_option("--model", o.model, "Model file or folder (default: the cached default model)");
-  cmd.add_option("--device", o.device, "auto (the GPU when one is visible and its kernels cover the model: head_dim 64 or 128, fp16 or "
-                 "tq KV without an fp16 window; else the CPU, saying why on stderr), cpu or cuda")
+  cmd.add_option("--device", o.device, "auto (the GPU when one is visible and its kernels cover the model: head_dim 64 or 128; else the "
+                 "CPU, saying why on stderr), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   cmd.add_option("--weights", o.weights,
                  "auto: as stored; fp16: every linear unquantized; w4: 4-bit RTN (group 128) on load")
@@ -90,8 +90,8 @@ void add_model_run_options(CLI::App& cmd, ModelRunOptions& o) {
                  "instead of their codes (4 * kv_dim bytes per token of the window, per layer and sequence). "
                  "On SmolLM2-135M, 256 greedy decode steps with tq4 K/V agree with fp16 K/V on 89.8% of steps "
                  "without it and 98.4% with 64, and over a 6k-token text tq4 K/V cost 8.4% perplexity without "
-                 "it and 0.7% with 64 (docs/engine.md). CPU backend only for now: --device auto then runs on "
-                 "the CPU")
+                 "it and 0.7% with 64 (docs/engine.md). On CUDA the window costs a kernel per layer and step, and "
+                 "prompts are attended 256 tokens at a time")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd.add_option("--threads", o.threads, "CPU threads (default: LOWBIT_NUM_THREADS or all cores)")

@@ -162,7 +162,21 @@ struct CudaEngineOptions {
   // wait (Qwen3-14B's GEMMs, 13-400 MB: a decode step 2-4% faster; tests set 0
   // to run small models that way too).
   int64_t gemv_early_dependents_bytes = W4A16Options{}.gemv_early_dependents_bytes;
+  // KvOptions::fp16_window (0: none): each sequence's newest fp16_window
+  // tokens are also kept as fp16 copies (kv/device_window.h), and every query
+  // reads its window from them and only older positions from the cache's
+  // codes. Costs per step: the window's kernel before each layer's attention,
+  // the K/V append as a kernel of its own (not inside the attention), the
+  // merge kernel (no cluster merge); prompts are attended through the decode
+  // kernel in blocks of at most kWindowPrefillBlock tokens.
+  int64_t fp16_window = 0;
 };
+
+// With an fp16 window (CudaEngineOptions::fp16_window), the most prompt
+// tokens whose queries one attention call takes: the window's rings hold
+// the window plus this many positions (Qwen3-14B, window 64: 1.3 MB per
+// layer and sequence).
+inline constexpr int64_t kWindowPrefillBlock = 256;
 
 // One row of a step: `n` new tokens of sequence `seq` at positions
 // first_pos .. first_pos + n - 1.
@@ -249,6 +263,10 @@ class CudaEngine {
   // Whether decode steps append the K/V inside the attention
   // (CudaEngineOptions::fuse_kv_append_into_attention, a cache that allows it).
   bool kv_append_fused_into_attention() const;
+  // The fp16 window's bytes on the device (0 without one).
+  // The fp16 window's bytes on the device held by live sequences (a ring per
+  // sequence slot; 0 without a window).
+  int64_t kv_window_bytes() const;
   const kv::DeviceKvCache& cache() const { return *cache_; }
   cudaStream_t stream() const { return stream_; }
   int64_t kv_bytes_per_token() const;  // all layers, K and V
@@ -345,6 +363,10 @@ class CudaEngine {
   std::vector<std::string> decode_gemm_choices_;
   void tune_decode_gemms();
   kv::AttentionWorkspace attention_workspace_;
+  // CudaEngineOptions::fp16_window: the rings (one slot per sequence id) and
+  // each step row's slot (int32 [max_sequences], rewritten by prepare()).
+  std::unique_ptr<kv::DeviceKvWindow> window_;
+  Buffer window_slots_;
   // Pages: a free list and each live sequence's table and length.
   std::vector<int32_t> free_pages_;
   std::vector<std::vector<int32_t>> seq_pages_;

@@ -57,7 +57,8 @@ struct KvOptions {
   // on 89.8% of 256 decode steps without it and on 98.4% with 64 tokens, and
   // over a 6k-token text tq4 K/V cost 8.4% perplexity without it and 0.7%
   // with 64 (docs/engine.md, "An fp16 window of recent tokens").
-  // The CUDA backend has none yet (make_cuda_backend: unsupported).
+  // The CUDA backend keeps the copies in rings on the device
+  // (kv/device_window.h, CudaEngineOptions::fp16_window).
   // 0: none. No effect when K and V are both dense (fp32 or fp16).
   int64_t fp16_window = 0;
   // Whether the window applies: a positive fp16_window and a tq K or V.

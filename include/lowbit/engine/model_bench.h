@@ -25,6 +25,7 @@ struct ModelBenchOptions {
   std::string kv_rotation = "auto";
   bool fuse_query_rotation = true;  // CudaEngineOptions::fuse_query_rotation_into_qkv
   bool fuse_kv_append = true;  // CudaEngineOptions::fuse_kv_append_into_attention
+  int64_t kv_fp16_window = 0;  // CudaEngineOptions::fp16_window, for the tq formats
   std::vector<int> batches = {1, 16};
   std::vector<int64_t> contexts = {1024, 32768};
   // Prefill is timed for contexts up to this length (the prefill attention

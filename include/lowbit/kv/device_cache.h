@@ -41,6 +41,7 @@
 
 #include "lowbit/core/tensor.h"
 #include "lowbit/kv/append_target.h"
+#include "lowbit/kv/device_window.h"
 #include "lowbit/kv/paged_cache.h"
 
 namespace lowbit::kv {
@@ -204,6 +205,24 @@ struct DeviceDecodeOptions {
   // compare). LOWBIT_L2_STREAMING=0 in the environment turns every such
   // window off.
   bool l2_streaming = true;
+  // KvOptions::fp16_window on the device (device_window.h): a query at
+  // position p (a decode row's newest token, or a prefill token) reads
+  // positions p - window + 1 .. p from the window's fp16 copies and only the
+  // older ones from the cache's codes. The window's part is attended by a
+  // kernel of its own, one CTA per (row, KV head), before the code chunks;
+  // its result is one more chunk for the merge kernel (no cluster merge, and
+  // a prefill runs the decode kernel, one row per query token). The caller
+  // stores each position's copies (device_window_write) before a call reads
+  // them, or passes a decode step's newest K/V in window_k / window_v. Not
+  // with append_k (the code append is device_append_tokens's then).
+  const DeviceKvWindow* window = nullptr;
+  // Device, [table rows]: each row's sequence slot in the window.
+  const int32_t* window_slots = nullptr;
+  // Decode only: each row's newest K/V ([rows][num_kv_heads][head_dim] fp32,
+  // device), stored into the window by the window kernel before it reads
+  // them. Null: stored already.
+  const float* window_k = nullptr;
+  const float* window_v = nullptr;
 };
 
 // What the decode attention multiplies the rotated queries by (its query
