@@ -1158,10 +1158,21 @@ __global__ void __launch_bounds__(32 * kDeviceMaxGroup) window_attend_kernel(Att
   __shared__ __align__(16) float q_stage[kDeviceMaxGroup][D];
   __shared__ float p_stage[kDeviceMaxGroup][kWindowPass];
   __shared__ float store_stage[2][D];
+  __shared__ uint8_t append_scratch[2][D];
   const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
   const int r = blockIdx.x, h = blockIdx.y;
   float lane_signs[D / 32];  // constant: before the wait
   if (a.q_signs != nullptr) load_lane_signs<D>(a.q_signs, lane_signs);
+  // With append_k this kernel also stores each row's newest K/V into the
+  // cache's pages (warp 0 K, warp 1 V, with the append kernel's bytes): the
+  // code chunks never read that position in this call (it is in the
+  // window), so they need not wait for it.
+  const bool appends = a.append_k != nullptr && warp < 2;
+  KvAppendPlan plan{};
+  if (appends) {
+    plan = append_plan_begin<D>(a.append, warp, r, h);
+    append_plan_slot(a.append, plan);
+  }
   cuda::pdl_wait();  // the queries, the newest K/V and the rings come from earlier kernels
   cuda::pdl_launch_dependents();
   int table_row;
@@ -1177,6 +1188,7 @@ __global__ void __launch_bounds__(32 * kDeviceMaxGroup) window_attend_kernel(Att
       float x[D / 32];
 #pragma unroll
       for (int u = 0; u < D / 32; ++u) x[u] = src[lane + 32 * u];
+      if (appends) append_vector_warp<D>(a.append, plan, x, append_scratch[warp]);
       __half* dst = (warp == 0 ? a.win_k : a.win_v) + (ring + static_cast<int>((len - 1) % cap)) * D;
       store_window_vector_warp<D>(x, warp == 0 ? a.win_rot_k : a.win_rot_v, store_stage[warp], dst);
     }
@@ -1192,9 +1204,12 @@ __global__ void __launch_bounds__(32 * kDeviceMaxGroup) window_attend_kernel(Att
   for (int u = 0; u < D / 32; ++u) q_stage[warp][lane + 32 * u] = q[u] * a.q_scale;
   __syncwarp();
   const float4* qv = reinterpret_cast<const float4*>(q_stage[warp]);
-  float m = -INFINITY, l = 0.0f, o[D / 32];
+  // Lane l sums output coordinates (D/32) l .. (D/32) l + D/32 - 1: one load
+  // of D/16 bytes per V row.
+  constexpr int kPer = D / 32;
+  float m = -INFINITY, l = 0.0f, o[kPer];
 #pragma unroll
-  for (int u = 0; u < D / 32; ++u) o[u] = 0.0f;
+  for (int u = 0; u < kPer; ++u) o[u] = 0.0f;
   const int last = static_cast<int>(len);
   for (int t0 = static_cast<int>(code_length(a, len)); t0 < last; t0 += kWindowPass) {
     const int t = t0 + lane;
@@ -1230,19 +1245,33 @@ __global__ void __launch_bounds__(32 * kDeviceMaxGroup) window_attend_kernel(Att
     p_stage[warp][lane] = p;
     __syncwarp();
 #pragma unroll
-    for (int u = 0; u < D / 32; ++u) o[u] *= alpha;
+    for (int u = 0; u < kPer; ++u) o[u] *= alpha;
+    // Every row's load is issued before the first sum: one L2 round trip per
+    // pass (a loop of count iterations, each load waiting for the one before,
+    // made this kernel ~20 us of a Qwen3-14B layer's decode step). Rows past
+    // the window's end read its last row again; their p is 0.
     const int count = min(kWindowPass, last - t0);
-    for (int j = 0; j < count; ++j) {
-      const __half* vr = ring_v + static_cast<int64_t>((t0 + j) % cap) * D;
+    uint32_t raw[kWindowPass][kPer / 2];
+#pragma unroll
+    for (int j = 0; j < kWindowPass; ++j) {
+      const __half* vr = ring_v + static_cast<int64_t>((t0 + min(j, count - 1)) % cap) * D + kPer * lane;
+      load_consecutive<kPer / 2>(reinterpret_cast<const uint32_t*>(vr), raw[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < kWindowPass; ++j) {
       const float pj = p_stage[warp][j];
 #pragma unroll
-      for (int u = 0; u < D / 32; ++u) o[u] = fmaf(pj, __half2float(vr[lane + 32 * u]), o[u]);
+      for (int w = 0; w < kPer / 2; ++w) {
+        const float2 v = __half22float2(*reinterpret_cast<const __half2*>(&raw[j][w]));
+        o[2 * w] = fmaf(pj, v.x, o[2 * w]);
+        o[2 * w + 1] = fmaf(pj, v.y, o[2 * w + 1]);
+      }
     }
     __syncwarp();  // p_stage is rewritten by the next pass
   }
   const int64_t chunk = head * a.max_splits + (chunks_of_row(a, len) - 1);
 #pragma unroll
-  for (int u = 0; u < D / 32; ++u) a.part_out[chunk * D + lane + 32 * u] = o[u] / l;
+  for (int u = 0; u < kPer; ++u) a.part_out[chunk * D + kPer * lane + u] = o[u] / l;
   if (lane == 0) a.part_lse[chunk] = m + log2f(l);
 }
 
@@ -1489,8 +1518,9 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
                      "a window made for this cache's config");
     LOWBIT_CHECK_ARG(options.window_slots != nullptr, "window_slots", "null",
                      "each row's sequence slot in the window (device)");
-    LOWBIT_CHECK_ARG(options.append_k == nullptr, "append_k", "set",
-                     "null with a window (device_append_tokens stores the codes)");
+    LOWBIT_CHECK_ARG(options.append_k == nullptr ||
+                         (options.append_k == options.window_k && options.append_v == options.window_v),
+                     "append_k", "set", "null, or window_k / window_v (the window's kernel stores both)");
     LOWBIT_CHECK_ARG(options.window_k == nullptr || prefill_row < 0, "window_k", "set",
                      "null for prefill (device_window_write stores a block's copies)");
     LOWBIT_CHECK_ARG(prefill_row < 0 || rows <= device_window_max_block(*window), "n_tokens", rows,

@@ -1028,7 +1028,27 @@ void check_window_decode(const WindowCase& w) {
   stored.window_k = stored.window_v = nullptr;
   EXPECT_EQ(std::memcmp(decode(stored, qd).data(), got.data(), got.size() * 4), 0)
       << "copies stored by device_window_write give other bits than the window kernel's";
-  if (w.rotation != RotationKind::hadamard || w.kf == KvFormat::fp16) return;
+  if (w.rotation != RotationKind::hadamard) return;  // a warp's append applies Hadamard rotations only
+  // The window kernel also storing the newest tokens' codes (append_k, the
+  // engine's decode step with a Hadamard cache): the same output bits, and
+  // the append kernel's cache bytes.
+  {
+    DeviceKvCache appended(c), by_kernel(c);
+    appended.upload(hb.cache);
+    by_kernel.upload(hb.cache);
+    device_append_tokens(by_kernel, kTestLayer, tables, newest_k_d.as<float>(), newest_v_d.as<float>());
+    DeviceDecodeOptions fused = o;
+    fused.append_k = o.window_k;
+    fused.append_v = o.window_v;
+    Buffer out = poisoned_output(q.size());
+    device_decode_attention(appended, kTestLayer, tables, w.q_heads, qd.as<float>(), out.as<float>(), ws, fused);
+    LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(std::memcmp(from_device(out, q.size()).data(), got.data(), got.size() * 4), 0)
+        << "the window kernel's code append changes the output";
+    EXPECT_TRUE(appended.download_pool(kTestLayer) == by_kernel.download_pool(kTestLayer))
+        << "the window kernel's code append stores other bytes than device_append_tokens";
+  }
+  if (w.kf == KvFormat::fp16) return;
   stored.queries_rotated = true;
   EXPECT_EQ(std::memcmp(decode(stored, to_device(rotated_queries(hb.cache, c, q))).data(), got.data(),
                         got.size() * 4),
@@ -1128,7 +1148,7 @@ TEST(KvDevice, Fp16WindowRejectsBadArguments) {
   const auto decode = [&] { device_decode_attention(dev, 0, tables, 4, q.as<float>(), out.as<float>(), ws, o); };
   EXPECT_TRUE(throws_error(decode, ErrorKind::invalid_argument, "window_slots"));
   o.window_slots = slots_d.as<const int32_t>();
-  o.append_k = o.append_v = kv.as<float>();
+  o.append_k = o.append_v = kv.as<float>();  // not the window's newest K/V
   EXPECT_TRUE(throws_error(decode, ErrorKind::invalid_argument, "append_k"));
   o.append_k = o.append_v = nullptr;
   o.window_k = kv.as<float>();

@@ -165,10 +165,10 @@ struct CudaEngineOptions {
   // KvOptions::fp16_window (0: none): each sequence's newest fp16_window
   // tokens are also kept as fp16 copies (kv/device_window.h), and every query
   // reads its window from them and only older positions from the cache's
-  // codes. Costs per step: the window's kernel before each layer's attention,
-  // the K/V append as a kernel of its own (not inside the attention), the
-  // merge kernel (no cluster merge); prompts are attended through the decode
-  // kernel in blocks of at most kWindowPrefillBlock tokens.
+  // codes. Costs per step: the window's kernel before each layer's attention
+  // (it also appends the K/V where fuse_kv_append_into_attention applies),
+  // and the merge kernel (no cluster merge); prompts are attended through
+  // the decode kernel in blocks of at most kWindowPrefillBlock tokens.
   int64_t fp16_window = 0;
 };
 

@@ -213,8 +213,9 @@ struct DeviceDecodeOptions {
   // its result is one more chunk for the merge kernel (no cluster merge, and
   // a prefill runs the decode kernel, one row per query token). The caller
   // stores each position's copies (device_window_write) before a call reads
-  // them, or passes a decode step's newest K/V in window_k / window_v. Not
-  // with append_k (the code append is device_append_tokens's then).
+  // them, or passes a decode step's newest K/V in window_k / window_v; with
+  // append_k / append_v set to the same pointers the window's kernel also
+  // stores their codes (else device_append_tokens does, before the call).
   const DeviceKvWindow* window = nullptr;
   // Device, [table rows]: each row's sequence slot in the window.
   const int32_t* window_slots = nullptr;
