@@ -529,8 +529,8 @@ int64_t CudaEngine::kv_window_bytes() const {
 bool CudaEngine::kv_append_fused_into_attention() const {
   const kv::KvCacheConfig& c = cache_->config();
   const bool quantized_part = c.k_format != kv::KvFormat::fp16 || c.v_format != kv::KvFormat::fp16;
-  // With a window the window's kernel stores it (the code chunks end before
-  // each row's newest token).
+  // (With a window, the window's kernel stores them: the code chunks end
+  // before each row's newest token.)
   return options_.fuse_kv_append_into_attention && (!quantized_part || c.rotation == kv::RotationKind::hadamard);
 }
 
