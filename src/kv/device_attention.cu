@@ -1142,63 +1142,78 @@ __global__ void __launch_bounds__(kRotThreads<D>) merge_haar_kernel(AttnArgs a, 
 
 // DeviceDecodeOptions::window: the positions code_length .. len - 1 of each
 // row, read from the fp16 rings, as the row's last chunk for the merge
-// kernel. One CTA per (row, KV head), one warp per query head of the group.
+// kernel. One CTA per (row, KV head): one warp per query head of the group
+// (at least two: warps 0 and 1 store a decode step's newest K and V copies),
+// and with append_k two more that quantize the newest K and V into the
+// cache's pages meanwhile (the code chunks never read that position in this
+// call, so nothing waits for those stores but the next step).
 // Its own kernel, not a few more CTAs of attend_kernel: that kernel's
 // registers and instruction count were tuned to its code loop, and code
 // present in it costs the loop even where it does not run (docs/kv-cache.md,
-// v21 and v26). The window is short (tens to hundreds of positions), so this
-// is CUDA-core arithmetic in fp32 on the fp16 copies: per pass of 32
-// positions, each lane scores one position against the query in shared
-// memory, the warp takes the pass's maximum and sum, and each lane then sums
-// its D/32 output coordinates over the pass's values. The query is the one
-// the code chunks score (rotated and scaled the same way), kept in fp32.
+// v21 and v26). It runs before the code chunks, so the whole of it is on a
+// decode step's critical path: its loads are issued early (the queries
+// before the newest copies are stored, each pass's K and V rows together).
+// The window is short (tens to hundreds of positions), so this is CUDA-core
+// arithmetic in fp32 on the fp16 copies: per pass of 32 positions, each
+// lane scores one position against the query in shared memory, the warp
+// takes the pass's maximum and sum, and each lane then sums its D/32 output
+// coordinates over the pass's values. The query is the one the code chunks
+// score (rotated and scaled the same way), kept in fp32.
 constexpr int kWindowPass = 32;
+__host__ __device__ constexpr int window_head_warps(int group) { return group > 2 ? group : 2; }
 template <int D>
-__global__ void __launch_bounds__(32 * kDeviceMaxGroup) window_attend_kernel(AttnArgs a) {
+__global__ void __launch_bounds__(32 * (kDeviceMaxGroup + 2)) window_attend_kernel(AttnArgs a) {
   __shared__ __align__(16) float q_stage[kDeviceMaxGroup][D];
   __shared__ float p_stage[kDeviceMaxGroup][kWindowPass];
   __shared__ float store_stage[2][D];
   __shared__ uint8_t append_scratch[2][D];
   const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
   const int r = blockIdx.x, h = blockIdx.y;
+  const int head_warps = window_head_warps(a.group);
+  const int64_t kv_row = (static_cast<int64_t>(r) * a.num_kv_heads + h) * D;
+  if (warp >= head_warps) {  // append_k: warp head_warps quantizes K, the next one V
+    const int part = warp - head_warps;
+    KvAppendPlan plan = append_plan_begin<D>(a.append, part, r, h);
+    append_plan_slot(a.append, plan);
+    cuda::pdl_wait();  // the newest K/V come from an earlier kernel
+    const float* src = (part == 0 ? a.append_k : a.append_v) + kv_row;
+    float x[D / 32];
+#pragma unroll
+    for (int u = 0; u < D / 32; ++u) x[u] = src[lane + 32 * u];
+    append_vector_warp<D>(a.append, plan, x, append_scratch[part]);
+    return;
+  }
   float lane_signs[D / 32];  // constant: before the wait
   if (a.q_signs != nullptr) load_lane_signs<D>(a.q_signs, lane_signs);
-  // With append_k this kernel also stores each row's newest K/V into the
-  // cache's pages (warp 0 K, warp 1 V, with the append kernel's bytes): the
-  // code chunks never read that position in this call (it is in the
-  // window), so they need not wait for it.
-  const bool appends = a.append_k != nullptr && warp < 2;
-  KvAppendPlan plan{};
-  if (appends) {
-    plan = append_plan_begin<D>(a.append, warp, r, h);
-    append_plan_slot(a.append, plan);
-  }
   cuda::pdl_wait();  // the queries, the newest K/V and the rings come from earlier kernels
   cuda::pdl_launch_dependents();
   int table_row;
   int64_t len;
   row_of(a, r, table_row, len);
+  const int64_t head = static_cast<int64_t>(r) * a.num_q_heads + h * a.group + warp;
+  float q[D / 32];
+  if (warp < a.group) {
+#pragma unroll
+    for (int u = 0; u < D / 32; ++u) q[u] = a.q[head * D + lane + 32 * u];
+  }
   const int cap = static_cast<int>(a.window_capacity);
   const int64_t ring = (static_cast<int64_t>(a.win_slots[table_row]) * a.num_kv_heads + h) * cap;
   const __half* ring_k = a.win_k + ring * D;
   const __half* ring_v = a.win_v + ring * D;
   if (a.win_store_k != nullptr) {  // a decode step: the row's newest K/V first
     if (warp < 2) {
-      const float* src = (warp == 0 ? a.win_store_k : a.win_store_v) + (static_cast<int64_t>(r) * a.num_kv_heads + h) * D;
+      const float* src = (warp == 0 ? a.win_store_k : a.win_store_v) + kv_row;
       float x[D / 32];
 #pragma unroll
       for (int u = 0; u < D / 32; ++u) x[u] = src[lane + 32 * u];
-      if (appends) append_vector_warp<D>(a.append, plan, x, append_scratch[warp]);
       __half* dst = (warp == 0 ? a.win_k : a.win_v) + (ring + static_cast<int>((len - 1) % cap)) * D;
       store_window_vector_warp<D>(x, warp == 0 ? a.win_rot_k : a.win_rot_v, store_stage[warp], dst);
     }
-    __syncthreads();  // the stores are visible to the block's reads below
+    // The head warps only (the appending warps do not wait for this): the
+    // stores are visible to their reads below.
+    asm volatile("bar.sync 1, %0;\n" ::"r"(32 * head_warps) : "memory");
   }
   if (warp >= a.group) return;
-  const int64_t head = static_cast<int64_t>(r) * a.num_q_heads + h * a.group + warp;
-  float q[D / 32];
-#pragma unroll
-  for (int u = 0; u < D / 32; ++u) q[u] = a.q[head * D + lane + 32 * u];
   if (a.q_signs != nullptr) hadamard_rotate_warp<D>(q, lane_signs, a.q_rotate_scale);
 #pragma unroll
   for (int u = 0; u < D / 32; ++u) q_stage[warp][lane + 32 * u] = q[u] * a.q_scale;
@@ -1212,31 +1227,41 @@ __global__ void __launch_bounds__(32 * kDeviceMaxGroup) window_attend_kernel(Att
   for (int u = 0; u < kPer; ++u) o[u] = 0.0f;
   const int last = static_cast<int>(len);
   for (int t0 = static_cast<int>(code_length(a, len)); t0 < last; t0 += kWindowPass) {
-    const int t = t0 + lane;
-    float s = -INFINITY;
-    if (t < last) {
-      const uint4* kr = reinterpret_cast<const uint4*>(ring_k + static_cast<int64_t>(t % cap) * D);
-      float acc = 0.0f;
+    // The pass's loads, all issued before the first sum: lane j's K row, and
+    // the lane's coordinates of every V row (a loop with one dependent load
+    // per row made this kernel ~20 us of a Qwen3-14B layer's decode step).
+    // Positions past the window's end read its last row again; they get
+    // score -inf and p = 0.
+    const int count = min(kWindowPass, last - t0);
+    uint4 krow[D / 8];
+    const uint4* kr = reinterpret_cast<const uint4*>(ring_k + static_cast<int64_t>((t0 + min(lane, count - 1)) % cap) * D);
 #pragma unroll
-      for (int i = 0; i < D / 8; ++i) {
-        const uint4 w = kr[i];
-        const float4 qa = qv[2 * i], qb = qv[2 * i + 1];
-        const float2 k0 = __half22float2(*reinterpret_cast<const __half2*>(&w.x));
-        const float2 k1 = __half22float2(*reinterpret_cast<const __half2*>(&w.y));
-        const float2 k2 = __half22float2(*reinterpret_cast<const __half2*>(&w.z));
-        const float2 k3 = __half22float2(*reinterpret_cast<const __half2*>(&w.w));
-        acc = fmaf(qa.x, k0.x, acc), acc = fmaf(qa.y, k0.y, acc), acc = fmaf(qa.z, k1.x, acc);
-        acc = fmaf(qa.w, k1.y, acc), acc = fmaf(qb.x, k2.x, acc), acc = fmaf(qb.y, k2.y, acc);
-        acc = fmaf(qb.z, k3.x, acc), acc = fmaf(qb.w, k3.y, acc);
-      }
-      s = acc;
+    for (int i = 0; i < D / 8; ++i) krow[i] = kr[i];
+    uint32_t raw[kWindowPass][kPer / 2];
+#pragma unroll
+    for (int j = 0; j < kWindowPass; ++j) {
+      const __half* vr = ring_v + static_cast<int64_t>((t0 + min(j, count - 1)) % cap) * D + kPer * lane;
+      load_consecutive<kPer / 2>(reinterpret_cast<const uint32_t*>(vr), raw[j]);
     }
+    float acc = 0.0f;
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      const float4 qa = qv[2 * i], qb = qv[2 * i + 1];
+      const float2 k0 = __half22float2(*reinterpret_cast<const __half2*>(&krow[i].x));
+      const float2 k1 = __half22float2(*reinterpret_cast<const __half2*>(&krow[i].y));
+      const float2 k2 = __half22float2(*reinterpret_cast<const __half2*>(&krow[i].z));
+      const float2 k3 = __half22float2(*reinterpret_cast<const __half2*>(&krow[i].w));
+      acc = fmaf(qa.x, k0.x, acc), acc = fmaf(qa.y, k0.y, acc), acc = fmaf(qa.z, k1.x, acc);
+      acc = fmaf(qa.w, k1.y, acc), acc = fmaf(qb.x, k2.x, acc), acc = fmaf(qb.y, k2.y, acc);
+      acc = fmaf(qb.z, k3.x, acc), acc = fmaf(qb.w, k3.y, acc);
+    }
+    const float s = lane < count ? acc : -INFINITY;
     float mx = s;
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
     const float n = fmaxf(m, mx);  // finite: lane 0's position is in the window
     const float alpha = exp2f(m - n);
-    const float p = t < last ? exp2f(s - n) : 0.0f;
+    const float p = lane < count ? exp2f(s - n) : 0.0f;
     float sum = p;
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
@@ -1246,17 +1271,6 @@ __global__ void __launch_bounds__(32 * kDeviceMaxGroup) window_attend_kernel(Att
     __syncwarp();
 #pragma unroll
     for (int u = 0; u < kPer; ++u) o[u] *= alpha;
-    // Every row's load is issued before the first sum: one L2 round trip per
-    // pass (a loop of count iterations, each load waiting for the one before,
-    // made this kernel ~20 us of a Qwen3-14B layer's decode step). Rows past
-    // the window's end read its last row again; their p is 0.
-    const int count = min(kWindowPass, last - t0);
-    uint32_t raw[kWindowPass][kPer / 2];
-#pragma unroll
-    for (int j = 0; j < kWindowPass; ++j) {
-      const __half* vr = ring_v + static_cast<int64_t>((t0 + min(j, count - 1)) % cap) * D + kPer * lane;
-      load_consecutive<kPer / 2>(reinterpret_cast<const uint32_t*>(vr), raw[j]);
-    }
 #pragma unroll
     for (int j = 0; j < kWindowPass; ++j) {
       const float pj = p_stage[warp][j];
@@ -1707,7 +1721,7 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
   // The window's chunk first: the code chunks then start behind it, and the
   // merge kernel, which waits for the code chunks' grid, reads both.
   if (window != nullptr) {
-    const dim3 block(32 * static_cast<unsigned>(std::max(group, 2)));
+    const dim3 block(32 * static_cast<unsigned>(window_head_warps(group) + (options.append_k != nullptr ? 2 : 0)));
     if (d == 64) cuda::launch_with_pdl(window_attend_kernel<64>, dim3(rows, H), block, 0, stream, a);
     else cuda::launch_with_pdl(window_attend_kernel<128>, dim3(rows, H), block, 0, stream, a);
   }
