@@ -1555,15 +1555,14 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
   const DecodePlan plan = plan_decode(cfg, rows, code_tokens, sm_count(), options.cta_warps);
   // Prefill: the tiled kernel (prefill_attention.cu) unless the caller asks
   // for the decode kernel, one row per query token, or the device's shared
-  // memory per block is too small for it, or there is a window (each query
-  // has its own boundary between codes and copies; the decode kernel's rows
-  // each have their own).
-  const bool tiled = prefill_row >= 0 && options.prefill_tiled && window == nullptr &&
+  // memory per block is too small for it. With a window it attends each
+  // query's codes with its causal mask shifted by the window.
+  const bool tiled = prefill_row >= 0 && options.prefill_tiled &&
                      tiled_prefill_fits(fmt_of(cfg.k_format), fmt_of(cfg.v_format), cfg.head_dim, num_q_heads / H);
   LOWBIT_CHECK_ARG(!tiled || max_length < (int64_t{1} << 30), "first_pos + n_tokens", max_length,
                    "below 2^30 positions for the tiled prefill");
   const int64_t auto_split =
-      tiled ? tiled_prefill_split_tokens(rows, max_length, H, num_q_heads / H, sm_count()) : plan.split_tokens;
+      tiled ? tiled_prefill_split_tokens(rows, code_tokens, H, num_q_heads / H, sm_count()) : plan.split_tokens;
   const int64_t split = options.split_tokens > 0 ? std::min(options.split_tokens, whole) : auto_split;
   // The code chunks of the longest row, then the window's chunk.
   const int code_chunks = static_cast<int>((code_tokens + split - 1) / split);
@@ -1707,6 +1706,7 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
     t.table = a.tables + prefill_row * a.table_stride;
     t.first_pos = static_cast<int>(first_pos);
     t.n_tokens = rows;
+    t.window = a.window;
     t.q = a.q;
     t.q_signs = a.q_signs;
     t.q_rotate_scale = a.q_rotate_scale;

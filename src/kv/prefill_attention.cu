@@ -132,7 +132,7 @@ __global__ void __maxnreg__(168) tiled_prefill_kernel(TiledPrefillArgs a) {
   const int tok_begin = qblock * tokens_per_cta;
   const int tok_end = min(a.n_tokens, tok_begin + tokens_per_cta);
   const int kv_begin = split * a.split_tokens;
-  const int pos_last = a.first_pos + tok_end - 1;
+  const int pos_last = a.first_pos + tok_end - 1 - a.window;  // the block's last key
 
   // The tables depend on the arguments only: filled before the wait.
   uint32_t* lut = reinterpret_cast<uint32_t*>(smem);
@@ -143,7 +143,7 @@ __global__ void __maxnreg__(168) tiled_prefill_kernel(TiledPrefillArgs a) {
   cuda::pdl_wait();  // q and the block's K/V come from the kernels before
   if (kv_begin > pos_last) return;  // the chunk starts after the block's last token
   const int kv_end = min(pos_last + 1, kv_begin + a.split_tokens);
-  const int first_row_pos = a.first_pos + tok_begin;  // no key at or before it is masked for any row
+  const int first_row_pos = a.first_pos + tok_begin - a.window;  // no key at or before it is masked for any row
 
   // This lane's rows: g and g + 8 of the warp's 16 (token row / G, head row % G).
   int pos[2], tok[2], head[2];
@@ -152,7 +152,8 @@ __global__ void __maxnreg__(168) tiled_prefill_kernel(TiledPrefillArgs a) {
     const int row = warp * 16 + g + 8 * i;
     tok[i] = tok_begin + row / G;
     head[i] = row % G;
-    pos[i] = tok[i] < tok_end ? a.first_pos + tok[i] : -1;  // -1: padding, every key masked
+    // The row's last key; -1 for padding (and rows inside the window): every key masked.
+    pos[i] = tok[i] < tok_end ? a.first_pos + tok[i] - a.window : -1;
   }
 
   // Queries: rotated (Hadamard) or scaled, staged once as fp16 in the

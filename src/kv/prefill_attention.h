@@ -23,6 +23,9 @@ struct TiledPrefillArgs {
   const int32_t* table = nullptr;  // the row's block table
   int first_pos = 0;
   int n_tokens = 0;
+  // DeviceDecodeOptions::window: query p attends the keys up to p - window
+  // (the causal mask shifted; the newer ones are the window kernel's).
+  int window = 0;
   const float* q = nullptr;  // [n_tokens][num_q_heads][d]
   // Hadamard-rotated K: the kernel rotates each query with these signs and
   // multiplies by q_rotate_scale. Otherwise (null) it multiplies q by

@@ -1082,8 +1082,10 @@ TEST(KvDevice, DecodeWithAnFp16Window) {
 }
 
 // A prefill block with a window: query i of the block (position first_pos +
-// i) reads its own window. The rings hold exactly what the block needs
-// (capacity = window + block - 1); one more query is refused.
+// i) reads its own window, through the tiled kernel (its causal mask
+// shifted by the window) and through the decode kernel. The rings hold
+// exactly what the block needs (capacity = window + block - 1); one more
+// query is refused.
 void check_window_prefill(KvFormat kf, KvFormat vf, int64_t len, int64_t first_pos, int64_t window, int head_dim,
                           RotationKind rotation, int kv_heads, int q_heads) {
   SCOPED_TRACE(name(kf, vf) + " prefill " + std::to_string(first_pos) + ".." + std::to_string(len - 1) +
@@ -1114,7 +1116,14 @@ void check_window_prefill(KvFormat kf, KvFormat vf, int64_t len, int64_t first_p
   Buffer out = poisoned_output(q.size());
   device_prefill_attention(dev, kTestLayer, tables, 0, first_pos, n, q_heads, qd.as<float>(), out.as<float>(), ws, o);
   LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
-  EXPECT_TRUE(close_to_reference(from_device(out, q.size()), ref));
+  EXPECT_TRUE(close_to_reference(from_device(out, q.size()), ref)) << "tiled prefill kernel, its mask shifted";
+  DeviceDecodeOptions per_token = o;
+  per_token.prefill_tiled = false;
+  Buffer out2 = poisoned_output(q.size());
+  device_prefill_attention(dev, kTestLayer, tables, 0, first_pos, n, q_heads, qd.as<float>(), out2.as<float>(), ws,
+                           per_token);
+  LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_TRUE(close_to_reference(from_device(out2, q.size()), ref)) << "decode kernel, one row per query token";
   if (first_pos > 0)
     EXPECT_TRUE(throws_error([&] { device_prefill_attention(dev, kTestLayer, tables, 0, first_pos - 1, n + 1, q_heads,
                                                             qd.as<float>(), out.as<float>(), ws, o); },
@@ -1127,6 +1136,8 @@ TEST(KvDevice, PrefillWithAnFp16Window) {
   check_window_prefill(KvFormat::tq4, KvFormat::tq4, 333, 100, 64, 128, RotationKind::hadamard, 8, 40);
   check_window_prefill(KvFormat::tq4, KvFormat::tq4, 97, 17, 300, 64, RotationKind::hadamard, 3, 9);
   check_window_prefill(KvFormat::fp16, KvFormat::tq3, 150, 30, 8, 64, RotationKind::haar, 3, 9);
+  check_window_prefill(KvFormat::tq4, KvFormat::tq4, 600, 344, 16, 128, RotationKind::hadamard, 2, 16);  // several chunks
+  check_window_prefill(KvFormat::tq3, KvFormat::tq4, 40, 0, 64, 128, RotationKind::haar, 8, 40);  // all in the window
 }
 
 TEST(KvDevice, Fp16WindowRejectsBadArguments) {
