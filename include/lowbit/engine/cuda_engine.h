@@ -167,8 +167,8 @@ struct CudaEngineOptions {
   // reads its window from them and only older positions from the cache's
   // codes. Costs per step: the window's kernel before each layer's attention
   // (it also appends the K/V where fuse_kv_append_into_attention applies),
-  // and the merge kernel (no cluster merge); prompts are attended through
-  // the decode kernel in blocks of at most kWindowPrefillBlock tokens.
+  // and the merge kernel (no cluster merge); prompts are attended in blocks
+  // of at most kWindowPrefillBlock tokens.
   int64_t fp16_window = 0;
 };
 

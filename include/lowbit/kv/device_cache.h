@@ -210,8 +210,8 @@ struct DeviceDecodeOptions {
   // positions p - window + 1 .. p from the window's fp16 copies and only the
   // older ones from the cache's codes. The window's part is attended by a
   // kernel of its own, one CTA per (row, KV head), before the code chunks;
-  // its result is one more chunk for the merge kernel (no cluster merge, and
-  // a prefill runs the decode kernel, one row per query token). The caller
+  // its result is one more chunk for the merge kernel (no cluster merge; the
+  // tiled prefill kernel shifts its causal mask by the window). The caller
   // stores each position's copies (device_window_write) before a call reads
   // them, or passes a decode step's newest K/V in window_k / window_v; with
   // append_k / append_v set to the same pointers the window's kernel also
