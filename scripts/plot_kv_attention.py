@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Plots the KV-cache decode attention rows of `lowbit bench attention --json FILE`:
 time per decode step against context, one panel per batch size, for tq4 K/V,
-our FP16 paged kernel and the torch SDPA anchors (FP16, same H100), with the
+our FP16 paged kernel and torch SDPA (FP16; measured on the same GPU when the
+benchmark was given --sdpa, else the H100 anchors: the legend says which), with the
 bandwidth floor of the tq4 bytes at the measured copy bandwidth.
 
     python3 scripts/plot_kv_attention.py ROWS.jsonl OUT.png
@@ -37,12 +38,16 @@ def main():
     for ax, batch in zip(axes[0], batches):
         series = defaultdict(dict)
         sdpa, floor = {}, {}
+        sdpa_source = "anchors"
         for r in rows:
             if r["batch"] != batch:
                 continue
             series[r["impl"]][r["context"]] = r["us"]
-            if r.get("sdpa_fp16_anchor_us", 0) > 0:
-                sdpa[r["context"]] = r["sdpa_fp16_anchor_us"]
+            # sdpa_fp16_anchor_us: rows written before the benchmark took --sdpa.
+            sdpa_us = r.get("sdpa_fp16_us", r.get("sdpa_fp16_anchor_us", 0))
+            if sdpa_us > 0:
+                sdpa[r["context"]] = sdpa_us
+                sdpa_source = r.get("sdpa_source", "anchors (H100)")
             if r["impl"] == "lowbit_tq4" and r.get("copy_GBps", 0) > 0:
                 floor[r["context"]] = r["bytes"] / (r["copy_GBps"] * 1e3)
         for impl, by_ctx in sorted(series.items()):
@@ -52,7 +57,7 @@ def main():
         if sdpa:
             ctx = sorted(sdpa)
             ax.plot(ctx, [sdpa[c] for c in ctx], marker="*", color="black", linestyle="--",
-                    label="torch SDPA FP16 (anchors)")
+                    label=f"torch SDPA FP16, {sdpa_source}")
         if floor:
             ctx = sorted(floor)
             ax.plot(ctx, [floor[c] for c in ctx], color="gray", linestyle=":", label="tq4 bytes at copy bandwidth")

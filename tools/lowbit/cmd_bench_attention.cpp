@@ -13,7 +13,7 @@ void add_bench_attention_command(CLI::App& bench) {
   auto* cmd = bench.add_subcommand(
       "attention",
       "KV-cache decode attention, Qwen3-14B geometry (40 query heads over 8 KV heads, d = 128): tq4 K/V\n"
-      "vs our FP16 paged kernel vs the torch SDPA anchors, random paged caches, L2 flushed before every\n"
+      "vs our FP16 paged kernel vs torch SDPA (--sdpa, else the H100 anchors), random paged caches, L2 flushed before every\n"
       "timed call, median of the reps; bytes per token and GB/s on the K/V bytes read. Then the cost of\n"
       "quantizing a prefill's K/V against that prefill's attention. Prints a summary with the targets.");
   static KvAttentionBenchOptions options;
@@ -61,11 +61,21 @@ void add_bench_attention_command(CLI::App& bench) {
   cmd->add_flag("!--no-cluster-merge", options.cluster_merge,
                 "Merge the KV chunks with the merge kernel even where a cluster of the attention's CTAs could\n"
                 "(rows of at most 8 chunks)");
+  static std::string sdpa_path;
+  cmd->add_option("--sdpa", sdpa_path,
+                  "Torch SDPA times measured on this GPU, as JSON rows (scripts/bench_torch_peers.py --what sdpa\n"
+                  "--out FILE writes them), for the SDPA column and ratios; without it that column holds the\n"
+                  "anchors' H100 times, which compare two GPUs on any other device")
+      ->check(CLI::ExistingFile);
   cmd->add_option("--json", options.json_path, "Write one JSON row per measurement to this file");
   add_l2_flush_option(*cmd, options.flush_by_reading);
   add_gpu_environment_footer(*cmd);
   cmd->callback([] {
     options.hadamard = rotation == "hadamard";
+    if (!sdpa_path.empty()) {
+      options.sdpa_measured = read_sdpa_baseline_rows(sdpa_path);
+      options.sdpa_source = sdpa_path;
+    }
     run_kv_attention_benchmark(options);
   });
 }

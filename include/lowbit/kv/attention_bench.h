@@ -1,7 +1,8 @@
 // The KV-cache attention benchmark behind `lowbit bench attention`: tq4 decode
 // attention on the paged cache beside our own FP16 paged decode kernel (the
-// same kernel reading fp16 K/V) and the torch SDPA anchors measured on the
-// same H100, at the Qwen3-14B attention geometry (40 query heads over 8 KV
+// same kernel reading fp16 K/V) and torch SDPA (the anchors measured on an
+// H100, or times measured on this GPU and passed in), at the Qwen3-14B
+// attention geometry (40 query heads over 8 KV
 // heads, d = 128); plus the cost of quantizing a long prefill's K/V against
 // that prefill's attention. Plain C++ header: a build without CUDA links a
 // version that throws Error(unsupported).
@@ -12,6 +13,13 @@
 #include <vector>
 
 namespace lowbit {
+
+// One torch SDPA decode time (FP16 K/V, GQA 40/8, d = 128) at a batch and context.
+struct SdpaBaselinePoint {
+  int batch = 0;
+  int64_t context = 0;
+  double us = 0;
+};
 
 struct KvAttentionBenchOptions {
   std::vector<int> batches = {1, 8, 32};
@@ -32,7 +40,19 @@ struct KvAttentionBenchOptions {
   // (row "read_floor"): the ceiling of any tq4 decode kernel under this timer.
   bool read_floor = false;
   std::string json_path;           // JSON rows, one per line, when not empty
+  // SDPA times measured on this GPU (scripts/bench_torch_peers.py); empty:
+  // the anchors' H100 times, with a warning when the device is no H100.
+  std::vector<SdpaBaselinePoint> sdpa_measured;
+  std::string sdpa_source;         // where sdpa_measured came from (printed, and in the JSON rows)
 };
+
+// Reads the attn_decode rows of torch SDPA ({"kind": "attn_decode", "impl":
+// "torch_sdpa_fp16", "B": .., "L": .., "us": ..}, one JSON object per line, as
+// the anchors and scripts/bench_torch_peers.py write them). Other rows are
+// skipped. Throws Error(io) for an unreadable file and Error(invalid_argument)
+// for a line that is not JSON, a row with a missing or non-positive B, L or
+// us, or a file with no such row.
+std::vector<SdpaBaselinePoint> read_sdpa_baseline_rows(const std::string& path);
 
 // Runs on device 0, printing one line per measurement and a summary table
 // with the targets beside the measurements. Configurations that do not

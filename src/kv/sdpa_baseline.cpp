@@ -1,0 +1,47 @@
+// The torch SDPA decode times that `lowbit bench attention --sdpa FILE`
+// compares against, read from JSON rows (scripts/bench_torch_peers.py writes
+// them on the GPU at hand; the anchors' file has the same schema). Plain C++,
+// built with or without CUDA, so that its errors are tested in CI.
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "lowbit/core/error.h"
+#include "lowbit/kv/attention_bench.h"
+
+namespace lowbit {
+
+std::vector<SdpaBaselinePoint> read_sdpa_baseline_rows(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) fail(ErrorKind::io, "cannot open SDPA rows '", path, "': ", std::strerror(errno));
+  std::vector<SdpaBaselinePoint> points;
+  std::string line;
+  for (int line_no = 1; std::getline(in, line); ++line_no) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const nlohmann::json row = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (row.is_discarded() || !row.is_object())
+      fail(ErrorKind::invalid_argument, path, ":", line_no, ": not a JSON object");
+    if (row.value("kind", "") != "attn_decode" || row.value("impl", "") != "torch_sdpa_fp16") continue;
+    const auto number = [&](const char* key) {
+      const auto it = row.find(key);
+      if (it == row.end() || !it->is_number() || it->get<double>() <= 0)
+        fail(ErrorKind::invalid_argument, path, ":", line_no, ": an SDPA row needs a positive number '", key, "'");
+      return it->get<double>();
+    };
+    SdpaBaselinePoint p;
+    p.batch = static_cast<int>(number("B"));
+    p.context = static_cast<int64_t>(number("L"));
+    p.us = number("us");
+    points.push_back(p);
+  }
+  if (points.empty())
+    fail(ErrorKind::invalid_argument, "'", path,
+         "' holds no torch SDPA decode rows (kind attn_decode, impl torch_sdpa_fp16)");
+  return points;
+}
+
+}  // namespace lowbit
