@@ -76,7 +76,12 @@ namespace {
 
 constexpr int kWarps = 8;  // column strips (16 columns) per CTA
 constexpr int kThreads = kWarps * 32;
-constexpr int kDepth = 6;  // k-iterations in flight per thread
+// k-iterations in flight per thread. LOWBIT_GEMV_DEPTH (a compile
+// definition) builds another depth for measurement only.
+#ifndef LOWBIT_GEMV_DEPTH
+#define LOWBIT_GEMV_DEPTH 6
+#endif
+constexpr int kDepth = LOWBIT_GEMV_DEPTH;
 // Resident CTAs per SM the registers are budgeted for (48 per thread at 5,
 // 64 at 4). Shared memory allows 5 only for one scale group per k-iteration
 // on Hopper (~40 KB per CTA of 227 KB); group 32's larger ring (~49 KB), and
