@@ -25,17 +25,23 @@ std::vector<SdpaBaselinePoint> read_sdpa_baseline_rows(const std::string& path) 
     const nlohmann::json row = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (row.is_discarded() || !row.is_object())
       fail(ErrorKind::invalid_argument, path, ":", line_no, ": not a JSON object");
-    if (row.value("kind", "") != "attn_decode" || row.value("impl", "") != "torch_sdpa_fp16") continue;
-    const auto number = [&](const char* key) {
+    const auto text = [&](const char* key) {
       const auto it = row.find(key);
-      if (it == row.end() || !it->is_number() || it->get<double>() <= 0)
-        fail(ErrorKind::invalid_argument, path, ":", line_no, ": an SDPA row needs a positive number '", key, "'");
+      return it != row.end() && it->is_string() ? it->get<std::string>() : std::string();
+    };
+    if (text("kind") != "attn_decode" || text("impl") != "torch_sdpa_fp16") continue;
+    const auto number = [&](const char* key, bool integer) {
+      const auto it = row.find(key);
+      if (it == row.end() || !(integer ? it->is_number_integer() : it->is_number()) || it->get<double>() <= 0 ||
+          (integer && it->get<double>() > 2147483647.0))
+        fail(ErrorKind::invalid_argument, path, ":", line_no, ": an SDPA row needs a positive ",
+             integer ? "integer" : "number", " '", key, "'");
       return it->get<double>();
     };
     SdpaBaselinePoint p;
-    p.batch = static_cast<int>(number("B"));
-    p.context = static_cast<int64_t>(number("L"));
-    p.us = number("us");
+    p.batch = static_cast<int>(number("B", true));
+    p.context = static_cast<int64_t>(number("L", true));
+    p.us = number("us", false);
     points.push_back(p);
   }
   if (points.empty())
