@@ -139,6 +139,14 @@ int run(int argc, char** argv) {
               static_cast<double>(info.free_memory) / (1 << 30),
               static_cast<double>(info.l2_bytes) / (1 << 20), info.driver_version.c_str(),
               info.runtime_version.c_str());
+  // The peer numbers were taken on an H100: on another GPU ours/peer
+  // measures the two GPUs, not whether this harness times cuBLAS as the
+  // peers' did. Said once here, and in every row (peer_gpu).
+  const bool peer_gpu = info.name.find("H100") != std::string::npos;
+  if (!peer_gpu)
+    std::printf("note: the peer columns were measured on an H100 and this device is %s, so ours/peer below "
+                "compares two GPUs (scripts/bench_torch_peers.py times the same peers here)\n",
+                info.name.c_str());
   std::fflush(stdout);
 
   std::vector<BenchRow> rows;
@@ -158,7 +166,7 @@ int run(int argc, char** argv) {
     row.shape = {{"MiB", static_cast<int64_t>(bytes >> 20)}};
     const double gbps = lowbit::measure_copy_bandwidth_GBps(0, bytes, &row.stats);
     row.bytes = 2 * bytes;
-    row.extra = {{"peer_GBps", kPeerCopyGBps}, {"ours/peer", gbps / kPeerCopyGBps}};
+    row.extra = {{"peer_GBps", kPeerCopyGBps}, {"ours/peer", gbps / kPeerCopyGBps}, {"peer_gpu", peer_gpu}};
     std::printf("device-to-device copy: %.0f GB/s (read + write; peer %.0f GB/s)\n", gbps,
                 kPeerCopyGBps);
     std::fflush(stdout);
@@ -217,7 +225,7 @@ int run(int argc, char** argv) {
         row.flops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
         const double peer = kPeerCublasUs[s][b];
         const double ratio = row.stats.median_us / peer;
-        row.extra = {{"weight", primary ? "[N,K]" : "[K,N]"}, {"peer_us", peer},
+        row.extra = {{"weight", primary ? "[N,K]" : "[K,N]"}, {"peer_us", peer}, {"peer_gpu", peer_gpu},
                      {"ours/peer", ratio}, {"rel_err", rel}, {"layer", shape.label}};
         auto& acc = log_ratio[row.impl][M];
         acc.first += std::log(ratio);

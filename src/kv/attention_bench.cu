@@ -315,15 +315,29 @@ void run_kv_attention_benchmark(const KvAttentionBenchOptions& options) {
     const double sdpa = sdpa_us(key.first, key.second), target = target_speedup(key.first, key.second);
     char target_s[32] = "-";
     if (target > 0) std::snprintf(target_s, sizeof target_s, ">=%.1fx", target);
-    std::printf("%5d %7lld | %9.1f %7.0f | %9.1f %7.0f | %9.1f | %7.2fx %8s | %8.2fx %7.2fx | %9.1f %9.2fx\n",
-                key.first, static_cast<long long>(key.second), t, tq == by_impl.end() ? 0.0 : tq->second.GBps, f,
-                fp == by_impl.end() ? 0.0 : fp->second.GBps, sdpa, (sdpa > 0 && t > 0) ? sdpa / t : 0.0, target_s,
-                (sdpa > 0 && f > 0) ? sdpa / f : 0.0, (t > 0 && f > 0) ? f / t : 0.0, floor_us,
-                (sdpa > 0 && floor_us > 0) ? sdpa / floor_us : 0.0);
+    // A time or ratio that is not there (no SDPA time for this point in
+    // --sdpa's file, no read floor run) prints as "-", not as 0.
+    const auto cell = [](double v, const char* format) {
+      char b[32] = "-";
+      if (v > 0) std::snprintf(b, sizeof b, format, v);
+      return std::string(b);
+    };
+    const auto ratio = [](double num, double den) { return num > 0 && den > 0 ? num / den : 0.0; };
+    std::printf("%5d %7lld | %9.1f %7.0f | %9.1f %7.0f | %9s | %8s %8s | %9s %7.2fx | %9s %10s\n", key.first,
+                static_cast<long long>(key.second), t, tq == by_impl.end() ? 0.0 : tq->second.GBps, f,
+                fp == by_impl.end() ? 0.0 : fp->second.GBps, cell(sdpa, "%.1f").c_str(),
+                cell(ratio(sdpa, t), "%.2fx").c_str(), target_s, cell(ratio(sdpa, f), "%.2fx").c_str(),
+                ratio(f, t), cell(floor_us, "%.1f").c_str(), cell(ratio(sdpa, floor_us), "%.2fx").c_str());
   }
-  std::printf("targets: tq4 >= 3.0x SDPA at batch 8 / 32k (<= %.1f us), >= 2.5x at batch 1 / 32k (<= %.1f us); "
+  const auto target_time = [&](int batch, double speedup) {
+    const double us = sdpa_us(batch, 32768);
+    char b[48] = "no SDPA time";
+    if (us > 0) std::snprintf(b, sizeof b, "<= %.1f us", us / speedup);
+    return std::string(b);
+  };
+  std::printf("targets: tq4 >= 3.0x SDPA at batch 8 / 32k (%s), >= 2.5x at batch 1 / 32k (%s); "
               "fp16/SDPA >= 0.91 (within 10%%). Floor: tq4 = 132 B per token per KV head at %.0f GB/s.\n",
-              sdpa_us(8, 32768) / 3.0, sdpa_us(1, 32768) / 2.5, copy_GBps);
+              target_time(8, 3.0).c_str(), target_time(1, 2.5).c_str(), copy_GBps);
   for (const std::string& s : skipped) std::printf("%s\n", s.c_str());
 
   if (options.prefill_tokens == 0) return;

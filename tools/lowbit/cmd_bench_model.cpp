@@ -56,7 +56,7 @@ void add_bench_model_command(CLI::App& bench) {
   model->add_flag("--tune-gemms", options.tune_gemms,
                   "Run single-row W4A16 GEMMs with the plan timed fastest per layer shape when the engine is made "
                   "(each alone), instead of auto's plan (what lowbit generate runs by default). Slower in a whole "
-                  "decode step on an H100: Qwen3-14B 228.6 against 249.7-249.9 tok/s at batch 1 in one run (docs/engine.md v28)");
+                  "decode step on an H100: Qwen3-14B 228.6 against 249.7-249.9 tok/s at batch 1 in one run (docs/engine.md v28), and on an H200: 235.6 against 257-260 (v32)");
   model->add_flag("!--no-query-rotation-fusion", options.fuse_query_rotation,
                   "With a Hadamard rotation: rotate the queries in the attention kernel, not in the qkv GEMM's "
                   "epilogue");

@@ -99,7 +99,7 @@ void add_model_run_options(CLI::App& cmd, ModelRunOptions& o) {
   cmd.add_flag("--tune-gemms", o.tune_gemms,
                "CUDA: time the 4-bit GEMM kernels per layer shape when the model is loaded (a few ms each) and "
                "decode single sequences with the fastest, each timed alone (slower in a whole decode step on an "
-               "H100: Qwen3-14B 228.6 against 249.7-249.9 tok/s in one run, docs/engine.md v28; the logits may then differ in the last bits from run to run, and from "
+               "H100: Qwen3-14B 228.6 against 249.7-249.9 tok/s in one run, docs/engine.md v28; on an H200 235.6 against 257-260, v32; the logits may then differ in the last bits from run to run, and from "
                "the same sequence decoded in a batch: with a 4-bit KV cache such a difference can move a cache "
                "code). Without it, auto's plan. Either way, GEMMs on the decode kernel also read the SiLU, do the "
                "residual add + RMSNorm and the q/k norm + RoPE themselves (with a Hadamard KV rotation, the "
