@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "lowbit/bench/anchors.h"
 #include "lowbit/bench/json_rows.h"
 #include "lowbit/core/error.h"
 #include "lowbit/core/half.h"
@@ -142,7 +143,7 @@ int run(int argc, char** argv) {
   // The peer numbers were taken on an H100: on another GPU ours/peer
   // measures the two GPUs, not whether this harness times cuBLAS as the
   // peers' did. Said once here, and in every row (peer_gpu).
-  const bool peer_gpu = info.name.find("H100") != std::string::npos;
+  const bool peer_gpu = lowbit::bench::is_anchors_gpu(info.name);
   if (!peer_gpu)
     std::printf("note: the peer columns were measured on an H100 and this device is %s, so ours/peer below "
                 "compares two GPUs (scripts/bench_torch_peers.py times the same peers here)\n",

@@ -61,6 +61,22 @@ def main():
     p.add_argument("--reps", type=int, default=100)
     p.add_argument("--warmup", type=int, default=10)
     args = p.parse_args()
+    # The arguments are checked before torch is imported: a typo costs no
+    # CUDA start-up, and the checks run (and are tested) without torch.
+    what = set(args.what.split(","))
+    unknown = what - {"copy", "gemm", "sdpa"}
+    if unknown:
+        sys.exit(f"bench_torch_peers.py: unknown --what entries {sorted(unknown)} (copy, gemm, sdpa)")
+    lists = {}
+    for name in ("m", "batch", "context"):
+        try:
+            lists[name] = parse_ints(getattr(args, name))
+        except ValueError:
+            sys.exit(f"bench_torch_peers.py: --{name} takes comma-separated integers, not {getattr(args, name)!r}")
+        if not lists[name] or min(lists[name]) < 1:
+            sys.exit(f"bench_torch_peers.py: --{name} takes positive integers, not {getattr(args, name)!r}")
+    if args.reps < 1 or args.warmup < 0:
+        sys.exit("bench_torch_peers.py: --reps must be >= 1 and --warmup >= 0")
     try:
         import torch
         import torch.nn.functional as F
@@ -68,10 +84,6 @@ def main():
         sys.exit("bench_torch_peers.py: needs torch (pip install torch)")
     if not torch.cuda.is_available():
         sys.exit("bench_torch_peers.py: torch sees no CUDA device")
-    what = set(args.what.split(","))
-    unknown = what - {"copy", "gemm", "sdpa"}
-    if unknown:
-        sys.exit(f"bench_torch_peers.py: unknown --what entries {sorted(unknown)}")
     torch.manual_seed(0)
     dev = torch.device("cuda")
     name = torch.cuda.get_device_name(0)
@@ -93,7 +105,7 @@ def main():
     if "gemm" in what:
         for shape, k, n in GEMM_SHAPES:
             w = torch.randn(k, n, dtype=torch.float16, device=dev)
-            for m in parse_ints(args.m):
+            for m in lists["m"]:
                 x = torch.randn(m, k, dtype=torch.float16, device=dev)
                 us = time_call(torch, lambda: torch.matmul(x, w), args.reps, args.warmup, flush)
                 moved = 2 * (k * n + m * k + m * n)
@@ -102,8 +114,8 @@ def main():
             del w
 
     if "sdpa" in what:
-        for batch in parse_ints(args.batch):
-            for context in parse_ints(args.context):
+        for batch in lists["batch"]:
+            for context in lists["context"]:
                 q = torch.randn(batch, Q_HEADS, 1, HEAD_DIM, dtype=torch.float16, device=dev)
                 kv_shape = (batch, KV_HEADS, context, HEAD_DIM)
                 k = torch.randn(kv_shape, dtype=torch.float16, device=dev)

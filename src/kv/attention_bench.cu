@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "lowbit/bench/anchors.h"
 #include "lowbit/bench/json_rows.h"
 #include "lowbit/core/error.h"
 #include "lowbit/cuda/check.h"
@@ -169,7 +170,7 @@ void run_kv_attention_benchmark(const KvAttentionBenchOptions& options) {
   const std::string sdpa_source =
       options.sdpa_measured.empty() ? std::string("anchors (H100)") : "measured (" + options.sdpa_source + ")";
   std::printf("torch SDPA times: %s\n", sdpa_source.c_str());
-  if (options.sdpa_measured.empty() && dev.name.find("H100") == std::string::npos)
+  if (options.sdpa_measured.empty() && !bench::is_anchors_gpu(dev.name))
     std::printf("warning: this device is %s, not the H100 of the SDPA anchors: the SDPA ratios below compare two "
                 "GPUs. Time SDPA here (scripts/bench_torch_peers.py --what sdpa --out F) and pass --sdpa F.\n",
                 dev.name.c_str());

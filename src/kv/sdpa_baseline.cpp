@@ -42,6 +42,12 @@ std::vector<SdpaBaselinePoint> read_sdpa_baseline_rows(const std::string& path) 
     p.batch = static_cast<int>(number("B", true));
     p.context = static_cast<int64_t>(number("L", true));
     p.us = number("us", false);
+    // Two rows for one point (files of two runs put together) would leave
+    // which one is the baseline to the order of the lines.
+    for (const SdpaBaselinePoint& q : points)
+      if (q.batch == p.batch && q.context == p.context)
+        fail(ErrorKind::invalid_argument, path, ":", line_no, ": a second SDPA row for batch ", p.batch, ", context ",
+             p.context);
     points.push_back(p);
   }
   if (points.empty())

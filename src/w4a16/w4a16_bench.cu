@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "lowbit/bench/anchors.h"
 #include "lowbit/bench/json_rows.h"
 #include "lowbit/core/error.h"
 #include "lowbit/cuda/check.h"
@@ -251,7 +252,7 @@ void run_w4a16_gemm_benchmark(const W4A16BenchOptions& options) {
   }
   // Marlin's ratios were taken on an H100; on another GPU both Marlin and
   // cuBLAS move, so the row is then a reference, not a same-GPU comparison.
-  const bool anchors_gpu = dev.name.find("H100") != std::string::npos;
+  const bool anchors_gpu = bench::is_anchors_gpu(dev.name);
   std::printf("%-36s", anchors_gpu ? "marlin (anchors, same GPU: H100)" : "marlin (anchors, on an H100)");
   for (int64_t M : ms) {
     const auto it = kMarlinGeomean.find(M);

@@ -74,6 +74,13 @@ TEST_F(SdpaBaseline, RefusesFilesThatWouldLeaveTheColumnWrong) {
             write("{\"kind\": \"attn_decode\", \"impl\": \"torch_sdpa_fp16\", \"B\": 1.5, \"L\": 4096, \"us\": 2}\n"));
       },
       ErrorKind::invalid_argument, {"integer", "'B'"}));
+  EXPECT_TRUE(throws_error(
+      [&] {
+        read_sdpa_baseline_rows(
+            write("{\"kind\": \"attn_decode\", \"impl\": \"torch_sdpa_fp16\", \"B\": 1, \"L\": 4096, \"us\": 2}\n"
+                  "{\"kind\": \"attn_decode\", \"impl\": \"torch_sdpa_fp16\", \"B\": 1, \"L\": 4096, \"us\": 3}\n"));
+      },
+      ErrorKind::invalid_argument, {":2:", "second SDPA row", "batch 1, context 4096"}));
   // A row whose kind is no string is not an SDPA row (skipped, not a crash).
   EXPECT_TRUE(throws_error([&] { read_sdpa_baseline_rows(write("{\"kind\": 7, \"impl\": [1]}\n")); },
                            ErrorKind::invalid_argument, "holds no torch SDPA decode rows"));

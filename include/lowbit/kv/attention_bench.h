@@ -51,7 +51,7 @@ struct KvAttentionBenchOptions {
 // the anchors and scripts/bench_torch_peers.py write them). Other rows are
 // skipped. Throws Error(io) for an unreadable file and Error(invalid_argument)
 // for a line that is not JSON, a row with a missing or non-positive B, L or
-// us, or a file with no such row.
+// us, two rows for the same batch and context, or a file with no such row.
 std::vector<SdpaBaselinePoint> read_sdpa_baseline_rows(const std::string& path);
 
 // Runs on device 0, printing one line per measurement and a summary table
