@@ -74,17 +74,18 @@
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#include <utility>
 
-#include "attention_mma.cuh"
 #include "lowbit/core/error.h"
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/device_attribute.h"
 #include "lowbit/cuda/kernel_smem.h"
 #include "lowbit/cuda/pdl.cuh"
-#include "lowbit/kv/append_warp.cuh"
 #include "lowbit/kv/device_cache.h"
+#include "lowbit/kv/append_warp.cuh"
 #include "lowbit/kv/hadamard_warp.cuh"
 #include "lowbit/kv/window_warp.cuh"
+#include "attention_mma.cuh"
 #include "prefill_attention.h"
 
 namespace lowbit::kv {
@@ -93,8 +94,7 @@ namespace {
 using namespace attention_mma;
 
 float softmax_scale_of(const KvCacheConfig& cfg, const DeviceDecodeOptions& options) {
-  return options.softmax_scale > 0.0f ? options.softmax_scale
-                                      : 1.0f / std::sqrt(static_cast<float>(cfg.head_dim));
+  return options.softmax_scale > 0.0f ? options.softmax_scale : 1.0f / std::sqrt(static_cast<float>(cfg.head_dim));
 }
 
 struct AttnArgs {
@@ -109,7 +109,7 @@ struct AttnArgs {
   const int32_t* lengths;
   int prefill_row;  // -1: decode (row r = sequence r, length lengths[r]); else prefill of that row
   int64_t first_pos;
-  const float* q;        // [rows][num_q_heads][d]: rotated and scaled when queries_rotated, else as given
+  const float* q;  // [rows][num_q_heads][d]: rotated and scaled when queries_rotated, else as given
   bool queries_rotated;  // q is rotated and scaled (quantized K): by the kernel just before, or by the caller
   // The kernel just before this one wrote each row's newest token (the
   // caller's kernel made q and appended the K/V, DeviceDecodeOptions::
@@ -123,7 +123,7 @@ struct AttnArgs {
   const float* q_signs;
   float q_rotate_scale;
   int q_stage_offset;
-  float q_scale;  // applied to q here: 1, or softmax_scale * log2(e) when not rotated
+  float q_scale;         // applied to q here: 1, or softmax_scale * log2(e) when not rotated
   int64_t split_tokens;
   int max_splits;
   float* part_out;  // [rows][num_q_heads][max_splits][d]
@@ -218,12 +218,9 @@ __device__ __forceinline__ void load_words(const uint8_t* p, uint32_t (&w)[N]) {
 // kBytes (1, 2 or 4) bytes from an address aligned to kBytes, zero-extended.
 template <int kBytes>
 __device__ __forceinline__ uint32_t load_bytes(const uint8_t* p) {
-  if constexpr (kBytes == 4)
-    return *reinterpret_cast<const uint32_t*>(p);
-  else if constexpr (kBytes == 2)
-    return *reinterpret_cast<const uint16_t*>(p);
-  else
-    return *p;
+  if constexpr (kBytes == 4) return *reinterpret_cast<const uint32_t*>(p);
+  else if constexpr (kBytes == 2) return *reinterpret_cast<const uint16_t*>(p);
+  else return *p;
 }
 
 // Entry e of a lane's table: one PRMT (byte extract), one LEA, one LDS per
@@ -243,8 +240,7 @@ __device__ __forceinline__ uint32_t table_entry(uint32_t lane_table, uint32_t wo
 // one PRMT builds the whole offset, byte `byte` of the word times 256 plus
 // the lane's word (lane4 = lane * 4 in its low byte), and the LDS adds the
 // table's base: two instructions per pair instead of three.
-__device__ __forceinline__ uint32_t table_entry_wide(uint32_t table, uint32_t lane4, uint32_t word,
-                                                     int byte) {
+__device__ __forceinline__ uint32_t table_entry_wide(uint32_t table, uint32_t lane4, uint32_t word, int byte) {
   const uint32_t off = __byte_perm(word, lane4, 0x5504u | (static_cast<uint32_t>(byte) << 4));
   uint32_t v;
   asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(table + off));
@@ -256,10 +252,8 @@ __device__ __forceinline__ uint32_t table_entry_wide(uint32_t table, uint32_t la
 // or of the table (64-word rows).
 template <int kRowWords>
 __device__ __forceinline__ uint32_t lookup(uint32_t table, uint32_t lane4, uint32_t word, int byte) {
-  if constexpr (kRowWords == 64)
-    return table_entry_wide(table, lane4, word, byte);
-  else
-    return table_entry(table, word, byte);
+  if constexpr (kRowWords == 64) return table_entry_wide(table, lane4, word, byte);
+  else return table_entry(table, word, byte);
 }
 
 // The score tile, transposed: acc[4] += K[16 tokens x D] . Q'^T[D x 8
@@ -270,9 +264,9 @@ __device__ __forceinline__ uint32_t lookup(uint32_t table, uint32_t lane4, uint3
 // k-step ks (D/16 of them) covers (D/4)c + 4ks .. +3 (the query fragment is
 // gathered in the same order).
 template <int KF, int kRowWords, int D>
-__device__ __forceinline__ void score_tile(const uint8_t* row0, const uint8_t* row1, int c,
-                                           const uint32_t* lut, uint32_t table, uint32_t lane4,
-                                           const uint32_t (&qb)[D / 16][2], float (&acc)[4]) {
+__device__ __forceinline__ void score_tile(const uint8_t* row0, const uint8_t* row1, int c, const uint32_t* lut,
+                                           uint32_t table, uint32_t lane4, const uint32_t (&qb)[D / 16][2],
+                                           float (&acc)[4]) {
   constexpr int kSteps = D / 16;
   if constexpr (KF == kTq4) {
     constexpr int W = D / 32;  // the lane's D/4 indices: D/8 bytes
@@ -282,10 +276,9 @@ __device__ __forceinline__ void score_tile(const uint8_t* row0, const uint8_t* r
 #pragma unroll
     for (int ks = 0; ks < kSteps; ++ks) {
       const int b = 2 * (ks & 1);
-      mma16816(acc, lookup<kRowWords>(table, lane4, w0[ks >> 1], b),
-               lookup<kRowWords>(table, lane4, w1[ks >> 1], b),
-               lookup<kRowWords>(table, lane4, w0[ks >> 1], b + 1),
-               lookup<kRowWords>(table, lane4, w1[ks >> 1], b + 1), qb[ks][0], qb[ks][1]);
+      mma16816(acc, lookup<kRowWords>(table, lane4, w0[ks >> 1], b), lookup<kRowWords>(table, lane4, w1[ks >> 1], b),
+               lookup<kRowWords>(table, lane4, w0[ks >> 1], b + 1), lookup<kRowWords>(table, lane4, w1[ks >> 1], b + 1),
+               qb[ks][0], qb[ks][1]);
     }
   } else if constexpr (KF == kTq2) {
     constexpr int W = D / 64;  // D/4 2-bit indices: D/16 bytes
@@ -317,8 +310,8 @@ __device__ __forceinline__ void score_tile(const uint8_t* row0, const uint8_t* r
       uint32_t a01, a23, b01, b23;
       entries(byte_of(w0[ks >> 2], ks & 3), (h0 >> (4 * ks)) & 15u, a01, a23);
       entries(byte_of(w1[ks >> 2], ks & 3), (h1 >> (4 * ks)) & 15u, b01, b23);
-      mma16816(acc, lut[a01 * kRowWords], lut[b01 * kRowWords], lut[a23 * kRowWords], lut[b23 * kRowWords],
-               qb[ks][0], qb[ks][1]);
+      mma16816(acc, lut[a01 * kRowWords], lut[b01 * kRowWords], lut[a23 * kRowWords], lut[b23 * kRowWords], qb[ks][0],
+               qb[ks][1]);
     }
   } else {  // fp16: coordinates (D/4)c + 4ks .. +3 are words 2ks, 2ks+1 of the lane's D/2 bytes
     const uint4* p0 = reinterpret_cast<const uint4*>(row0 + (D / 2) * c);
@@ -348,15 +341,14 @@ __device__ __forceinline__ uint32_t select_bits(uint32_t mask, uint32_t x, uint3
 // masks tokens past the chunk's end: their fp16 rows may hold anything
 // (stale slots), and 0 * NaN would poison O.
 template <int VF, int kRowWords, int D>
-__device__ __forceinline__ void value_tile(const uint8_t* rows, int c, int g, const uint32_t* lut,
-                                           uint32_t table, uint32_t lane4, const uint32_t (&pb)[2],
-                                           const bool (&valid)[4], float (&o)[D / 16][4]) {
+__device__ __forceinline__ void value_tile(const uint8_t* rows, int c, int g, const uint32_t* lut, uint32_t table,
+                                           uint32_t lane4, const uint32_t (&pb)[2], const bool (&valid)[4],
+                                           float (&o)[D / 16][4]) {
   const int tok[4] = {2 * c, 2 * c + 1, 2 * c + 8, 2 * c + 9};
   constexpr int RB = row_bytes(VF, D), kMTiles = D / 16;
   if constexpr (VF == kTq4) {
     constexpr int W = D / 64;  // words of a token's D/8 coordinates (D/16 bytes)
-    uint32_t lo[2][W],
-        hi[2][W];  // [token pair][word]: byte k of lo/hi holds coordinate (D/8)g + 8w + 2k (+1)
+    uint32_t lo[2][W], hi[2][W];  // [token pair][word]: byte k of lo/hi holds coordinate (D/8)g + 8w + 2k (+1)
 #pragma unroll
     for (int p = 0; p < 2; ++p) {
       uint32_t aw[W], bw[W];
@@ -371,9 +363,8 @@ __device__ __forceinline__ void value_tile(const uint8_t* rows, int c, int g, co
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
       const int w = mt >> 2, k = mt & 3;
-      mma16816(o[mt], lookup<kRowWords>(table, lane4, lo[0][w], k),
-               lookup<kRowWords>(table, lane4, hi[0][w], k), lookup<kRowWords>(table, lane4, lo[1][w], k),
-               lookup<kRowWords>(table, lane4, hi[1][w], k), pb[0], pb[1]);
+      mma16816(o[mt], lookup<kRowWords>(table, lane4, lo[0][w], k), lookup<kRowWords>(table, lane4, hi[0][w], k),
+               lookup<kRowWords>(table, lane4, lo[1][w], k), lookup<kRowWords>(table, lane4, hi[1][w], k), pb[0], pb[1]);
     }
   } else if constexpr (VF == kTq2) {
     uint32_t x[2], y[2];  // nibble k: coordinate (D/8)g + 2k (x) and (D/8)g + 2k + 1 (y) of both tokens
@@ -386,9 +377,8 @@ __device__ __forceinline__ void value_tile(const uint8_t* rows, int c, int g, co
     }
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
-      mma16816(o[mt], lut[((x[0] >> (4 * mt)) & 15u) * kRowWords],
-               lut[((y[0] >> (4 * mt)) & 15u) * kRowWords], lut[((x[1] >> (4 * mt)) & 15u) * kRowWords],
-               lut[((y[1] >> (4 * mt)) & 15u) * kRowWords], pb[0], pb[1]);
+      mma16816(o[mt], lut[((x[0] >> (4 * mt)) & 15u) * kRowWords], lut[((y[0] >> (4 * mt)) & 15u) * kRowWords],
+               lut[((x[1] >> (4 * mt)) & 15u) * kRowWords], lut[((y[1] >> (4 * mt)) & 15u) * kRowWords], pb[0], pb[1]);
   } else if constexpr (VF == kTq3) {
     uint32_t lw[4], hw[4];
 #pragma unroll
@@ -405,8 +395,7 @@ __device__ __forceinline__ void value_tile(const uint8_t* rows, int c, int g, co
     for (int mt = 0; mt < kMTiles; ++mt)
       mma16816(o[mt], lut[entry(0, 2 * mt)], lut[entry(0, 2 * mt + 1)], lut[entry(2, 2 * mt)],
                lut[entry(2, 2 * mt + 1)], pb[0], pb[1]);
-  } else {  // fp16: coordinates (D/8)g .. +D/8-1 are D/16 words of each token's row; word mt = coordinates
-            // 2mt, 2mt+1
+  } else {  // fp16: coordinates (D/8)g .. +D/8-1 are D/16 words of each token's row; word mt = coordinates 2mt, 2mt+1
     uint32_t w[4][kMTiles];
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
@@ -415,15 +404,13 @@ __device__ __forceinline__ void value_tile(const uint8_t* rows, int c, int g, co
 #pragma unroll
       for (int i = 0; i < kMTiles / 4; ++i) {
         const uint4 v = p[i];
-        w[t][4 * i] = v.x & m, w[t][4 * i + 1] = v.y & m, w[t][4 * i + 2] = v.z & m,
-                 w[t][4 * i + 3] = v.w & m;
+        w[t][4 * i] = v.x & m, w[t][4 * i + 1] = v.y & m, w[t][4 * i + 2] = v.z & m, w[t][4 * i + 3] = v.w & m;
       }
     }
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
       mma16816(o[mt], __byte_perm(w[0][mt], w[1][mt], 0x5410u), __byte_perm(w[0][mt], w[1][mt], 0x7632u),
-               __byte_perm(w[2][mt], w[3][mt], 0x5410u), __byte_perm(w[2][mt], w[3][mt], 0x7632u), pb[0],
-               pb[1]);
+               __byte_perm(w[2][mt], w[3][mt], 0x5410u), __byte_perm(w[2][mt], w[3][mt], 0x7632u), pb[0], pb[1]);
   }
 }
 
@@ -461,8 +448,8 @@ struct TileLayout {
   static constexpr int kRowWords = kWarps == 16 ? 64 : 32;  // words per table entry row
   // Ring stages per warp. A fourth for the packed layouts (v33: 6.5 KB of
   // K/V in flight per warp instead of 4.3) and the score mma split into two
-  // dependent chains of 4 measured no faster on an H200 (batch 8 / 32k 96.8-97.2
-  // us against 96.9-97.1, batch 1 / 32k 25.3-25.8 against 24.7-24.9).
+  // dependent chains of 4 measured no faster on an H200 (batch 8 / 32k
+  // 96.8-97.2 us against 96.9-97.1, batch 1 / 32k 25.3-25.8 against 24.7-24.9).
   static constexpr int kStages = 3;
   // A stage: K rows, V rows, then room for 16 fp32 scales of each quantized
   // part (f16 scales use half of it): fixed offsets whatever the scale width.
@@ -483,13 +470,12 @@ __device__ __forceinline__ void cp_async16_at(uint32_t dst, const std::byte* src
 // A warp copies kBytes (a multiple of 16) to the shared address
 // lane_dst - 16 lane + kDstOffset in 16-byte pieces, lane l taking pieces
 // l, l + 32, ...: lane_dst and lane_src are the lane's first piece. A fixed
-// count per lane, so the loop unrolls into straight-line cp.async.
+// count per lane, so the copies unroll into straight-line cp.async.
 template <int kPieces, int kDstOffset, int... I>
 __device__ __forceinline__ void copy_piece_rounds(uint32_t lane_dst, const std::byte* lane_src, int lane,
                                                   std::integer_sequence<int, I...>) {
-  ((kPieces % 32 == 0 || 32 * I + lane < kPieces
-        ? cp_async16_at<kDstOffset + 512 * I, 512 * I>(lane_dst, lane_src)
-        : void()),
+  ((kPieces % 32 == 0 || 32 * I + lane < kPieces ? cp_async16_at<kDstOffset + 512 * I, 512 * I>(lane_dst, lane_src)
+                                                  : void()),
    ...);
 }
 template <int kBytes, int kDstOffset>
@@ -604,7 +590,7 @@ __device__ void merge_in_cluster(const AttnArgs& a, int r, int h, int64_t len, f
     float v[D / 32];
     merge_chunks<D / 32, kMaxClusterChunks>(
         n_chunks,
-        [&](int, float(&lse)[kMaxClusterChunks], float(&x)[kMaxClusterChunks][D / 32]) {
+        [&](int, float (&lse)[kMaxClusterChunks], float (&x)[kMaxClusterChunks][D / 32]) {
 #pragma unroll
           for (int u = 0; u < kMaxClusterChunks; ++u) {
             const int from = min(u, n_chunks - 1);
@@ -619,10 +605,8 @@ __device__ void merge_in_cluster(const AttnArgs& a, int r, int h, int64_t len, f
     const int64_t out_base = (static_cast<int64_t>(r) * a.num_q_heads + h * a.group + head) * D;
 #pragma unroll
     for (int k = 0; k < D / 32; ++k) {
-      if (a.out16 != nullptr)
-        a.out16[out_base + lane + 32 * k] = __float2half_rn(v[k]);
-      else
-        a.out[out_base + lane + 32 * k] = v[k];
+      if (a.out16 != nullptr) a.out16[out_base + lane + 32 * k] = __float2half_rn(v[k]);
+      else a.out[out_base + lane + 32 * k] = v[k];
     }
   }
   cluster.sync();  // no CTA exits while another reads its shared memory
@@ -630,8 +614,8 @@ __device__ void merge_in_cluster(const AttnArgs& a, int r, int h, int64_t len, f
 }
 
 template <int KF, int VF, bool kWide, int D>
-__global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32,
-                                  TileLayout<KF, VF, kWide, D>::kCtasPerSm) attend_kernel(AttnArgs a) {
+__global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32, TileLayout<KF, VF, kWide, D>::kCtasPerSm)
+    attend_kernel(AttnArgs a) {
   using L = TileLayout<KF, VF, kWide, D>;
   constexpr int KR = L::KR, VR = L::VR, S = L::kStages, kWarps = L::kWarps, kThreads = 32 * kWarps;
   extern __shared__ float4 smem_f4[];
@@ -646,10 +630,8 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32,
   // The tq4 lookups' addresses: the lane's copy (128-byte rows), or the table
   // and the lane's word offset (256-byte rows, table_entry_wide).
   const uint32_t lane4 = 4u * static_cast<uint32_t>(lane);
-  const uint32_t table_k =
-      static_cast<uint32_t>(__cvta_generic_to_shared(kRowWords == 64 ? lut_k - lane : lut_k));
-  const uint32_t table_v =
-      static_cast<uint32_t>(__cvta_generic_to_shared(kRowWords == 64 ? lut_v - lane : lut_v));
+  const uint32_t table_k = static_cast<uint32_t>(__cvta_generic_to_shared(kRowWords == 64 ? lut_k - lane : lut_k));
+  const uint32_t table_v = static_cast<uint32_t>(__cvta_generic_to_shared(kRowWords == 64 ? lut_v - lane : lut_v));
 
   const int split = blockIdx.x, h = blockIdx.y, r = blockIdx.z;
   int table_row;
@@ -701,8 +683,7 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32,
   // from its start, and the destination is a 32-bit shared address.
   const uint32_t slab_bytes = static_cast<uint32_t>(a.slab_bytes);
   const uint32_t page_stride = static_cast<uint32_t>(a.num_kv_heads) * slab_bytes;
-  const uint32_t head_lane =
-      static_cast<uint32_t>(h) * slab_bytes + 16u * lane;  // + the tile's offset in the slab
+  const uint32_t head_lane = static_cast<uint32_t>(h) * slab_bytes + 16u * lane;  // + the tile's offset in the slab
   const int first_page = first / tiles_per_page;
   int issue_entry = table_row * static_cast<int>(a.table_stride) + first_page;  // into a.tables
   int issue_tile_in_page = first - first_page * tiles_per_page;
@@ -723,8 +704,7 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32,
     const uint32_t slot = static_cast<uint32_t>(issue_tile_in_page) * kTile;
     const uint32_t dst = lane_stages + static_cast<uint32_t>(issue_stage) * L::kStageBytes;
     copy_pieces<kTile * KR, 0>(dst, page + (head_lane + static_cast<uint32_t>(a.k_rows) + slot * KR), lane);
-    copy_pieces<kTile * VR, kTile * KR>(dst, page + (head_lane + static_cast<uint32_t>(a.v_rows) + slot * VR),
-                                        lane);
+    copy_pieces<kTile * VR, kTile * KR>(dst, page + (head_lane + static_cast<uint32_t>(a.v_rows) + slot * VR), lane);
     if (scale_lane) cp_async16_at<0, 0>(dst + scale_dst, page + (scale_src + slot * sb));
     issue_stage = issue_stage == S - 1 ? 0 : issue_stage + 1;
     ++issued;
@@ -780,16 +760,14 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32,
     }
   }
   if (quantized(KF)) fill_lut<kRowWords>(lut_fill, KF, a.k_centroids);
-  if (quantized(VF) && VF != KF)
-    fill_lut<kRowWords>(lut_fill + lut_entries(KF) * kRowWords, VF, a.v_centroids);
+  if (quantized(VF) && VF != KF) fill_lut<kRowWords>(lut_fill + lut_entries(KF) * kRowWords, VF, a.v_centroids);
   cuda::pdl_wait();
   if (appends_newest) {
     float x[D / 32];
     float scale = 0.0f;
     uint8_t* scratch = smem + a.append_scratch_offset + warp * D;
     if (warp < 2) {
-      const float* src =
-          (warp == 0 ? a.append_k : a.append_v) + (static_cast<int64_t>(r) * a.num_kv_heads + h) * D;
+      const float* src = (warp == 0 ? a.append_k : a.append_v) + (static_cast<int64_t>(r) * a.num_kv_heads + h) * D;
 #pragma unroll
       for (int u = 0; u < D / 32; ++u) x[u] = src[lane + 32 * u];
       append_vector_warp<D>(a.append, plan, x, scratch, &scale);
@@ -808,9 +786,8 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32,
       if (i < S - 1) {
         uint8_t* st = stages + (owner * S + i) * L::kStageBytes;
         const bool key = warp == 0;
-        store_vector_warp<D>(
-            a.append, plan, x, scratch, scale, st + (key ? slot * KR : kTile * KR + slot * VR),
-            reinterpret_cast<std::byte*>(st + (key ? L::kKScaleOffset : L::kVScaleOffset) + slot * sb));
+        store_vector_warp<D>(a.append, plan, x, scratch, scale, st + (key ? slot * KR : kTile * KR + slot * VR),
+                             reinterpret_cast<std::byte*>(st + (key ? L::kKScaleOffset : L::kVScaleOffset) + slot * sb));
       }
     }
     __syncthreads();
@@ -941,8 +918,7 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32,
     // be garbage), transposed to (tokens 2c, 2c+1 | 2c+8, 2c+9; head g).
     const uint32_t pb[2] = {transpose8x8(pack_half2(valid0 ? p0 * vs0 : 0.0f, valid0 ? p1 * vs0 : 0.0f)),
                             transpose8x8(pack_half2(valid1 ? p2 * vs1 : 0.0f, valid1 ? p3 * vs1 : 0.0f))};
-    const bool vvalid[4] = {tok0 + 2 * c < t1, tok0 + 2 * c + 1 < t1, tok0 + 2 * c + 8 < t1,
-                            tok0 + 2 * c + 9 < t1};
+    const bool vvalid[4] = {tok0 + 2 * c < t1, tok0 + 2 * c + 1 < t1, tok0 + 2 * c + 8 < t1, tok0 + 2 * c + 9 < t1};
     value_tile<VF, kRowWords, D>(st + kTile * KR, c, g, lut_v, table_v, lane4, pb, vvalid, o);
     __syncwarp();  // the stage is refilled by the next iteration's issue
   }
@@ -1019,10 +995,8 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32,
       acc += f * mo[(w2 * 8 + head) * kMergeRow<D> + merge_slot(j)];
     }
     const float out = acc / ml[head];
-    if (a.cluster_merge)
-      reinterpret_cast<float*>(stages + a.cluster_result_offset)[head * D + j] = out;
-    else
-      a.part_out[((row_head0 + head) * a.max_splits + split) * D + j] = out;
+    if (a.cluster_merge) reinterpret_cast<float*>(stages + a.cluster_result_offset)[head * D + j] = out;
+    else a.part_out[((row_head0 + head) * a.max_splits + split) * D + j] = out;
   }
   if (a.cluster_merge)
     merge_in_cluster<D>(a, r, h, len, reinterpret_cast<float*>(stages + a.cluster_result_offset), kWarps);
@@ -1064,9 +1038,8 @@ __device__ __forceinline__ void small_matmul(const float (*in)[D], const float (
 // q' = (q @ M) * scale_log2 for quantized K, one CTA per
 // (row, KV head): M is read once for the whole group.
 template <int D>
-__global__ void __launch_bounds__(kRotThreads<D>)
-    rotate_queries_kernel(const float* q, const float* m, float* out, int num_q_heads, int group,
-                          float scale_log2) {
+__global__ void __launch_bounds__(kRotThreads<D>) rotate_queries_kernel(const float* q, const float* m, float* out,
+                                                                        int num_q_heads, int group, float scale_log2) {
   // The rotation is constant: its loads go out before waiting.
   float mslice[D / 4];
   load_matrix_slice<D>(m, mslice);
@@ -1108,8 +1081,8 @@ __device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
 // precedes its stores. part_out is 16-byte aligned (run_attention).
 constexpr int kMergeWarps = 4;
 template <int D, bool kHadamard>
-__global__ void __launch_bounds__(32 * kMergeWarps)
-    merge_heads_kernel(AttnArgs a, const float* signs, float* out, __half* out16) {
+__global__ void __launch_bounds__(32 * kMergeWarps) merge_heads_kernel(AttnArgs a, const float* signs, float* out,
+                                                                        __half* out16) {
   float lane_signs[D / 32];  // constant: requested before waiting
   if constexpr (kHadamard) load_lane_signs<D>(signs, lane_signs);
   cuda::pdl_wait();
@@ -1128,9 +1101,9 @@ __global__ void __launch_bounds__(32 * kMergeWarps)
   const int n_chunks = chunks_of_row(a, len);
   const int64_t head = static_cast<int64_t>(r) * a.num_q_heads + qh;
   constexpr int kVec = D / 32;
-  float(*so)[D] = staged_out[warp];
+  float (*so)[D] = staged_out[warp];
   float* sl = staged_lse[warp];
-  auto load_block = [&](int s0, float(&lse)[kMergeUnroll], float(&v)[kMergeUnroll][kVec]) {
+  auto load_block = [&](int s0, float (&lse)[kMergeUnroll], float (&v)[kMergeUnroll][kVec]) {
 #pragma unroll
     for (int u = 0; u < kMergeUnroll; ++u) {
       const int64_t chunk = head * a.max_splits + min(s0 + u, n_chunks - 1);
@@ -1158,10 +1131,8 @@ __global__ void __launch_bounds__(32 * kMergeWarps)
   if constexpr (kHadamard) hadamard_unrotate_warp<D>(v, lane_signs);
 #pragma unroll
   for (int k = 0; k < D / 32; ++k) {
-    if (out16 != nullptr)
-      out16[head * D + lane + 32 * k] = __float2half_rn(v[k]);
-    else
-      out[head * D + lane + 32 * k] = v[k];
+    if (out16 != nullptr) out16[head * D + lane + 32 * k] = __float2half_rn(v[k]);
+    else out[head * D + lane + 32 * k] = v[k];
   }
 }
 
@@ -1169,8 +1140,8 @@ __global__ void __launch_bounds__(32 * kMergeWarps)
 // KV head): M^T is read once for the whole group. In place when part_out ==
 // out (one chunk).
 template <int D>
-__global__ void __launch_bounds__(kRotThreads<D>)
-    merge_haar_kernel(AttnArgs a, const float* mt, float* out, __half* out16) {
+__global__ void __launch_bounds__(kRotThreads<D>) merge_haar_kernel(AttnArgs a, const float* mt, float* out,
+                                                                    __half* out16) {
   float mslice[D / 4];  // the constant un-rotation, requested before waiting
   load_matrix_slice<D>(mt, mslice);
   cuda::pdl_wait();
@@ -1192,7 +1163,7 @@ __global__ void __launch_bounds__(kRotThreads<D>)
     float merged[1];
     merge_chunks<1>(
         n_chunks,
-        [&](int s0, float(&lse)[kMergeUnroll], float(&v)[kMergeUnroll][1]) {
+        [&](int s0, float (&lse)[kMergeUnroll], float (&v)[kMergeUnroll][1]) {
 #pragma unroll
           for (int u = 0; u < kMergeUnroll; ++u) {
             const int64_t chunk = row0 + min(s0 + u, n_chunks - 1);
@@ -1209,10 +1180,8 @@ __global__ void __launch_bounds__(kRotThreads<D>)
   for (int t = threadIdx.x; t < a.group * D; t += kRotThreads<D>) {
     const int g = t / D, j = t % D;
     const float y = (red[0][g][j] + red[1][g][j]) + (red[2][g][j] + red[3][g][j]);
-    if (out16 != nullptr)
-      out16[head0 * D + t] = __float2half_rn(y);
-    else
-      out[head0 * D + t] = y;
+    if (out16 != nullptr) out16[head0 * D + t] = __float2half_rn(y);
+    else out[head0 * D + t] = y;
   }
 }
 
@@ -1310,8 +1279,7 @@ __global__ void __launch_bounds__(32 * (kDeviceMaxGroup + 2)) window_attend_kern
     // score -inf and p = 0.
     const int count = min(kWindowPass, last - t0);
     uint4 krow[D / 8];
-    const uint4* kr =
-        reinterpret_cast<const uint4*>(ring_k + static_cast<int64_t>((t0 + min(lane, count - 1)) % cap) * D);
+    const uint4* kr = reinterpret_cast<const uint4*>(ring_k + static_cast<int64_t>((t0 + min(lane, count - 1)) % cap) * D);
 #pragma unroll
     for (int i = 0; i < D / 8; ++i) krow[i] = kr[i];
     uint32_t raw[kWindowPass][kPer / 2];
@@ -1395,8 +1363,7 @@ AttendLaunch attend_launch(const AttnArgs& a) {
   const int merge_bytes = 4 * (L::kWarps * 8 * kMergeRow<D> + 2 * L::kWarps * 8);
   // With cluster_merge, the chunk's result after those (merge_in_cluster).
   const int cluster_bytes = a.cluster_merge ? 4 * kDeviceMaxGroup * (D + 1) : 0;
-  AttendLaunch l{a,
-                 lut_bytes + std::max(L::kWarps * L::kStages * L::kStageBytes, merge_bytes + cluster_bytes)};
+  AttendLaunch l{a, lut_bytes + std::max(L::kWarps * L::kStages * L::kStageBytes, merge_bytes + cluster_bytes)};
   l.args.cluster_result_offset = merge_bytes;
   if (a.q_signs != nullptr) {  // the rotated queries of the group after everything else
     l.args.q_stage_offset = l.smem;
@@ -1414,8 +1381,7 @@ void launch_attend(const AttnArgs& a, dim3 grid, cudaStream_t stream) {
   using L = TileLayout<KF, VF, kWide, D>;
   const AttendLaunch l = attend_launch<KF, VF, kWide, D>(a);
   cuda::ensure_dynamic_smem(attend_kernel<KF, VF, kWide, D>, l.smem);
-  cuda::launch_with_pdl_in_clusters(attend_kernel<KF, VF, kWide, D>,
-                                    a.cluster_merge ? static_cast<int>(grid.x) : 0,
+  cuda::launch_with_pdl_in_clusters(attend_kernel<KF, VF, kWide, D>, a.cluster_merge ? static_cast<int>(grid.x) : 0,
                                     cuda::L2StreamSpan{a.pool, static_cast<size_t>(a.pool_bytes)}, grid,
                                     dim3(32 * L::kWarps), static_cast<size_t>(l.smem), stream, l.args);
 }
@@ -1487,8 +1453,8 @@ decltype(auto) with_attend_instance(int kf, int vf, bool wide, F&& f) {
 
 template <int D>
 void dispatch(int kf, int vf, bool wide, const AttnArgs& a, dim3 grid, cudaStream_t stream) {
-  with_attend_instance<D>(
-      kf, vf, wide, [&]<int KF, int VF, bool kWide>() { launch_attend<KF, VF, kWide, D>(a, grid, stream); });
+  with_attend_instance<D>(kf, vf, wide,
+                          [&]<int KF, int VF, bool kWide>() { launch_attend<KF, VF, kWide, D>(a, grid, stream); });
 }
 
 // Whether the current device launches clusters (sm_90 and later).
@@ -1510,8 +1476,7 @@ struct DecodePlan {
   bool wide = false;  // packed K and V in 16-warp CTAs (TileLayout)
 };
 
-DecodePlan plan_decode(const KvCacheConfig& config, int rows, int64_t max_length, int sm_count,
-                       int forced_warps) {
+DecodePlan plan_decode(const KvCacheConfig& config, int rows, int64_t max_length, int sm_count, int forced_warps) {
   DecodePlan plan;
   const int kf = fmt_of(config.k_format), vf = fmt_of(config.v_format);
   const int64_t sms = std::max(sm_count, 1);
@@ -1569,8 +1534,7 @@ DecodePlan plan_decode(const KvCacheConfig& config, int rows, int64_t max_length
     if (best_cost < 0 || cost < best_cost) best_cost = cost, best_splits = s;
   }
   int64_t per_cta = (tiles + best_splits - 1) / best_splits;
-  if (best_splits > 1 && per_cta > tiles_per_page)
-    per_cta = (per_cta + tiles_per_page - 1) / tiles_per_page * tiles_per_page;
+  if (best_splits > 1 && per_cta > tiles_per_page) per_cta = (per_cta + tiles_per_page - 1) / tiles_per_page * tiles_per_page;
   plan.split_tokens = per_cta * kTile;
   return plan;
 }
@@ -1578,11 +1542,11 @@ DecodePlan plan_decode(const KvCacheConfig& config, int rows, int64_t max_length
 // The chunks' merge: Haar-rotated V (mt without signs) by merge_haar_kernel,
 // else one warp per query head.
 template <int D>
-void launch_merge(const AttnArgs& a, int rows, const float* mt, const float* v_signs, float* out,
-                  __half* out16, cudaStream_t stream) {
+void launch_merge(const AttnArgs& a, int rows, const float* mt, const float* v_signs, float* out, __half* out16,
+                  cudaStream_t stream) {
   if (mt != nullptr && v_signs == nullptr) {
-    cuda::launch_with_pdl(merge_haar_kernel<D>, dim3(rows, a.num_kv_heads), dim3(kRotThreads<D>), 0, stream,
-                          a, mt, out, out16);
+    cuda::launch_with_pdl(merge_haar_kernel<D>, dim3(rows, a.num_kv_heads), dim3(kRotThreads<D>), 0, stream, a, mt,
+                          out, out16);
     return;
   }
   const dim3 grid(rows, (a.num_q_heads + kMergeWarps - 1) / kMergeWarps);
@@ -1591,20 +1555,17 @@ void launch_merge(const AttnArgs& a, int rows, const float* mt, const float* v_s
 }
 
 void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTables& tables, int prefill_row,
-                   int64_t first_pos, int rows, int64_t max_length, int num_q_heads, const float* q,
-                   float* out, AttentionWorkspace& ws, const DeviceDecodeOptions& options,
-                   cudaStream_t stream) {
+                   int64_t first_pos, int rows, int64_t max_length, int num_q_heads, const float* q, float* out,
+                   AttentionWorkspace& ws, const DeviceDecodeOptions& options, cudaStream_t stream) {
   const KvCacheConfig& cfg = cache.config();
   const int H = cfg.num_kv_heads;
-  LOWBIT_CHECK_ARG(
-      num_q_heads >= H && num_q_heads % H == 0 && num_q_heads / H <= kDeviceMaxGroup, "num_q_heads",
-      num_q_heads,
-      "a multiple of num_kv_heads = " + std::to_string(H) + " with at most 8 query heads per KV head");
+  LOWBIT_CHECK_ARG(num_q_heads >= H && num_q_heads % H == 0 && num_q_heads / H <= kDeviceMaxGroup, "num_q_heads",
+                   num_q_heads,
+                   "a multiple of num_kv_heads = " + std::to_string(H) + " with at most 8 query heads per KV head");
   LOWBIT_CHECK_ARG(q != nullptr && (out != nullptr || options.out_f16 != nullptr), "q/out", "null",
                    "device pointers");
   LOWBIT_CHECK_ARG(rows >= 1 && rows <= 65535, "rows", rows, "1 to 65535 query rows per call");
-  LOWBIT_CHECK_ARG(options.softmax_scale >= 0.0f, "softmax_scale", options.softmax_scale,
-                   "0 (default) or positive");
+  LOWBIT_CHECK_ARG(options.softmax_scale >= 0.0f, "softmax_scale", options.softmax_scale, "0 (default) or positive");
   LOWBIT_CHECK_ARG(options.split_tokens >= 0 && options.split_tokens % kTile == 0, "split_tokens",
                    options.split_tokens, "0 (auto) or a positive multiple of 16");
   const int group = num_q_heads / H;
@@ -1612,8 +1573,8 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
   LOWBIT_CHECK_ARG((options.window_k == nullptr) == (options.window_v == nullptr), "window_k",
                    options.window_k == nullptr ? "null" : "set", "set together with window_v");
   if (window != nullptr) {
-    LOWBIT_CHECK_ARG(window->num_kv_heads() == H && window->head_dim() == cfg.head_dim, "window",
-                     "another geometry", "a window made for this cache's config");
+    LOWBIT_CHECK_ARG(window->num_kv_heads() == H && window->head_dim() == cfg.head_dim, "window", "another geometry",
+                     "a window made for this cache's config");
     LOWBIT_CHECK_ARG(options.window_slots != nullptr, "window_slots", "null",
                      "each row's sequence slot in the window (device)");
     LOWBIT_CHECK_ARG(options.append_k == nullptr ||
@@ -1624,8 +1585,7 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
     LOWBIT_CHECK_ARG(prefill_row < 0 || rows <= device_window_max_block(*window), "n_tokens", rows,
                      "at most capacity - window + 1 = " + std::to_string(device_window_max_block(*window)) +
                          " with this window (attend a longer block in pieces)");
-    LOWBIT_CHECK_ARG(max_length < (int64_t{1} << 31), "length", max_length,
-                     "below 2^31 positions with a window");
+    LOWBIT_CHECK_ARG(max_length < (int64_t{1} << 31), "length", max_length, "below 2^31 positions with a window");
   } else {
     LOWBIT_CHECK_ARG(options.window_k == nullptr, "window_k", "set", "null without a window");
   }
@@ -1642,14 +1602,12 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
   // for the decode kernel, one row per query token, or the device's shared
   // memory per block is too small for it. With a window it attends each
   // query's codes with its causal mask shifted by the window.
-  const bool tiled =
-      prefill_row >= 0 && options.prefill_tiled &&
-      tiled_prefill_fits(fmt_of(cfg.k_format), fmt_of(cfg.v_format), cfg.head_dim, num_q_heads / H);
+  const bool tiled = prefill_row >= 0 && options.prefill_tiled &&
+                     tiled_prefill_fits(fmt_of(cfg.k_format), fmt_of(cfg.v_format), cfg.head_dim, num_q_heads / H);
   LOWBIT_CHECK_ARG(!tiled || max_length < (int64_t{1} << 30), "first_pos + n_tokens", max_length,
                    "below 2^30 positions for the tiled prefill");
   const int64_t auto_split =
-      tiled ? tiled_prefill_split_tokens(rows, code_tokens, H, num_q_heads / H, sm_count())
-            : plan.split_tokens;
+      tiled ? tiled_prefill_split_tokens(rows, code_tokens, H, num_q_heads / H, sm_count()) : plan.split_tokens;
   const int64_t split = options.split_tokens > 0 ? std::min(options.split_tokens, whole) : auto_split;
   // The code chunks of the longest row, then the window's chunk.
   const int code_chunks = static_cast<int>((code_tokens + split - 1) / split);
@@ -1685,12 +1643,10 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
   if (rotate_here) {
     if (d == 64)
       cuda::launch_with_pdl(rotate_queries_kernel<64>, dim3(rows, H), dim3(kRotThreads<64>), 0, stream, q,
-                            cache.rotation(layer), q_rot, num_q_heads, group,
-                            decode_query_scale(cfg, options));
+                            cache.rotation(layer), q_rot, num_q_heads, group, decode_query_scale(cfg, options));
     else
       cuda::launch_with_pdl(rotate_queries_kernel<128>, dim3(rows, H), dim3(kRotThreads<128>), 0, stream, q,
-                            cache.rotation(layer), q_rot, num_q_heads, group,
-                            decode_query_scale(cfg, options));
+                            cache.rotation(layer), q_rot, num_q_heads, group, decode_query_scale(cfg, options));
   }
 
   AttnArgs a{};
@@ -1707,9 +1663,8 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
   // slabs and 32-bit indices into the block tables.
   LOWBIT_REQUIRE(int64_t{H} * l.bytes <= INT32_MAX, "decode attention: a page of ", H, " KV heads spans ",
                  int64_t{H} * l.bytes, " bytes, more than 2^31 - 1");
-  LOWBIT_REQUIRE(int64_t{tables.rows} * tables.stride <= INT32_MAX,
-                 "decode attention: ", int64_t{tables.rows} * tables.stride,
-                 " block-table entries, more than 2^31 - 1");
+  LOWBIT_REQUIRE(int64_t{tables.rows} * tables.stride <= INT32_MAX, "decode attention: ",
+                 int64_t{tables.rows} * tables.stride, " block-table entries, more than 2^31 - 1");
   a.lengths = tables.lengths.as<const int32_t>();
   a.prefill_row = prefill_row;
   a.first_pos = first_pos;
@@ -1763,14 +1718,13 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
   if (a.cluster_merge && max_splits > 1) {
     const int kf = fmt_of(cfg.k_format), vf = fmt_of(cfg.v_format);
     const int clusters =
-        d == 64
-            ? with_attend_instance<64>(kf, vf, plan.wide,
-                                       [&]<int KF, int VF, bool kWide>() {
-                                         return attend_clusters_resident<KF, VF, kWide, 64>(a, max_splits);
-                                       })
-            : with_attend_instance<128>(kf, vf, plan.wide, [&]<int KF, int VF, bool kWide>() {
-                return attend_clusters_resident<KF, VF, kWide, 128>(a, max_splits);
-              });
+        d == 64 ? with_attend_instance<64>(kf, vf, plan.wide,
+                                           [&]<int KF, int VF, bool kWide>() {
+                                             return attend_clusters_resident<KF, VF, kWide, 64>(a, max_splits);
+                                           })
+                : with_attend_instance<128>(kf, vf, plan.wide, [&]<int KF, int VF, bool kWide>() {
+                    return attend_clusters_resident<KF, VF, kWide, 128>(a, max_splits);
+                  });
     if (int64_t{rows} * H > clusters) a.cluster_merge = false;
   }
   a.out = out;
@@ -1818,12 +1772,9 @@ void run_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTable
   // The window's chunk first: the code chunks then start behind it, and the
   // merge kernel, which waits for the code chunks' grid, reads both.
   if (window != nullptr) {
-    const dim3 block(32 *
-                     static_cast<unsigned>(window_head_warps(group) + (options.append_k != nullptr ? 2 : 0)));
-    if (d == 64)
-      cuda::launch_with_pdl(window_attend_kernel<64>, dim3(rows, H), block, 0, stream, a);
-    else
-      cuda::launch_with_pdl(window_attend_kernel<128>, dim3(rows, H), block, 0, stream, a);
+    const dim3 block(32 * static_cast<unsigned>(window_head_warps(group) + (options.append_k != nullptr ? 2 : 0)));
+    if (d == 64) cuda::launch_with_pdl(window_attend_kernel<64>, dim3(rows, H), block, 0, stream, a);
+    else cuda::launch_with_pdl(window_attend_kernel<128>, dim3(rows, H), block, 0, stream, a);
   }
   if (d == 64) {
     if (!tiled) dispatch<64>(fmt_of(cfg.k_format), fmt_of(cfg.v_format), plan.wide, a, grid, stream);
@@ -1842,17 +1793,16 @@ float decode_query_scale(const KvCacheConfig& config, const DeviceDecodeOptions&
 
 int64_t decode_split_tokens(const KvCacheConfig& config, int rows, int64_t max_length, int sm_count,
                             int cta_warps) {
-  LOWBIT_CHECK_ARG(cta_warps == 0 || cta_warps == 8 || cta_warps == 16, "cta_warps", cta_warps,
-                   "0 (chosen), 8 or 16");
+  LOWBIT_CHECK_ARG(cta_warps == 0 || cta_warps == 8 || cta_warps == 16, "cta_warps", cta_warps, "0 (chosen), 8 or 16");
   return plan_decode(config, rows, max_length, sm_count, cta_warps).split_tokens;
 }
 
-void device_decode_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTables& tables,
-                             int num_q_heads, const float* q, float* out, AttentionWorkspace& workspace,
+void device_decode_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTables& tables, int num_q_heads,
+                             const float* q, float* out, AttentionWorkspace& workspace,
                              const DeviceDecodeOptions& options, cudaStream_t stream) {
   for (int r = 0; r < tables.rows; ++r)
-    LOWBIT_CHECK_ARG(tables.host_lengths[static_cast<size_t>(r)] >= 1,
-                     "tables.lengths[" + std::to_string(r) + "]", tables.host_lengths[static_cast<size_t>(r)],
+    LOWBIT_CHECK_ARG(tables.host_lengths[static_cast<size_t>(r)] >= 1, "tables.lengths[" + std::to_string(r) + "]",
+                     tables.host_lengths[static_cast<size_t>(r)],
                      "at least 1 (write the current token before decode attends to it)");
   LOWBIT_CHECK_ARG(options.plan_length >= 0, "plan_length", options.plan_length, "0 or a token count");
   run_attention(cache, layer, tables, -1, 0, tables.rows, std::max(tables.max_length, options.plan_length),
@@ -1860,18 +1810,16 @@ void device_decode_attention(const DeviceKvCache& cache, int layer, const Device
 }
 
 void device_prefill_attention(const DeviceKvCache& cache, int layer, const DeviceBlockTables& tables, int row,
-                              int64_t first_pos, int64_t n_tokens, int num_q_heads, const float* q,
-                              float* out, AttentionWorkspace& workspace, const DeviceDecodeOptions& options,
+                              int64_t first_pos, int64_t n_tokens, int num_q_heads, const float* q, float* out,
+                              AttentionWorkspace& workspace, const DeviceDecodeOptions& options,
                               cudaStream_t stream) {
-  LOWBIT_CHECK_ARG(row >= 0 && row < tables.rows, "row", row,
-                   "0 to rows - 1 = " + std::to_string(tables.rows - 1));
+  LOWBIT_CHECK_ARG(row >= 0 && row < tables.rows, "row", row, "0 to rows - 1 = " + std::to_string(tables.rows - 1));
   LOWBIT_CHECK_ARG(n_tokens >= 1 && n_tokens <= 65535, "n_tokens", n_tokens, "1 to 65535");
   const int64_t len = tables.host_lengths[static_cast<size_t>(row)];
-  LOWBIT_CHECK_ARG(
-      first_pos >= 0 && first_pos + n_tokens <= len, "first_pos", first_pos,
-      "first_pos + n_tokens within the row's length " + std::to_string(len) + " (write the block first)");
-  run_attention(cache, layer, tables, row, first_pos, static_cast<int>(n_tokens), first_pos + n_tokens,
-                num_q_heads, q, out, workspace, options, stream);
+  LOWBIT_CHECK_ARG(first_pos >= 0 && first_pos + n_tokens <= len, "first_pos", first_pos,
+                   "first_pos + n_tokens within the row's length " + std::to_string(len) + " (write the block first)");
+  run_attention(cache, layer, tables, row, first_pos, static_cast<int>(n_tokens), first_pos + n_tokens, num_q_heads,
+                q, out, workspace, options, stream);
 }
 
 }  // namespace lowbit::kv
