@@ -259,8 +259,8 @@ __device__ __forceinline__ uint32_t lookup(uint32_t table, uint32_t lane4, uint3
 // The score tile, transposed: acc[4] += K[16 tokens x D] . Q'^T[D x 8
 // heads] (K is the A operand, so the 16 rows of the mma are 16 tokens and
 // none is wasted on padding; the <= 8 query heads of the group are the n).
-// The lane's A operand is decoded from the rows of tokens g (a0, a2) and
-// g + 8 (a1, a3); lane%4 = c owns coordinates (D/4)c .. (D/4)c + D/4 - 1 and
+// The lane's A operand is decoded from row0 (a0, a2: token tile_row(g)) and
+// row1 (a1, a3: that + 8); lane%4 = c owns coordinates (D/4)c .. (D/4)c + D/4 - 1 and
 // k-step ks (D/16 of them) covers (D/4)c + 4ks .. +3 (the query fragment is
 // gathered in the same order).
 template <int KF, int kRowWords, int D>
@@ -333,10 +333,26 @@ __device__ __forceinline__ uint32_t select_bits(uint32_t mask, uint32_t x, uint3
   return r;
 }
 
+// The token of row i of a staged 16-token tile that is row i of the score
+// mma (K as its A operand) and so k = i of the PV mma: pairs (2q, 2q + 1)
+// swapped for odd q. A lane's PV operand then reads tokens rho(2c), rho(2c + 1),
+// rho(2c + 8), rho(2c + 9), and the four lanes c of one 8-byte V load (tq4,
+// d = 128: rows of 64 bytes, a bank group of 16 words per row) read rows of
+// both parities: two shared-memory wavefronts per half warp instead of four
+// (Nsight Compute, v33: those loads were 21% of the kernel's wavefronts as
+// bank-conflict excess). The score rows' 16-byte K loads keep one row of each
+// parity per quarter warp (rho(2q) and rho(2q + 1)): still conflict-free.
+__device__ __forceinline__ int tile_row(int i) { return i ^ ((i >> 1) & 1); }
+// rho of k = 2c, 2c + 1, 2c + 8, 2c + 9: the tokens of PV operand lane c.
+__device__ __forceinline__ void tile_row_tokens(int c, int (&tok)[4]) {
+  const int t = 2 * c + (c & 1);
+  tok[0] = t, tok[1] = t ^ 1, tok[2] = t + 8, tok[3] = (t ^ 1) + 8;
+}
+
 // O^T[D x 8 heads] += V^T[D x 16 tokens] . P'^T[16 tokens x 8 heads]:
 // V^T is the A operand, D/16 m-tiles of 16 coordinates. The lane's A operand
-// of m-tile mt is coordinate (D/8)g + 2mt (a0: tokens 2c, 2c+1; a2: tokens
-// 2c+8, 2c+9) and (D/8)g + 2mt + 1 (a1, a3): two tokens' index words are merged with
+// of m-tile mt is coordinate (D/8)g + 2mt (a0: k = 2c, 2c+1; a2: k = 2c+8,
+// 2c+9, i.e. the tokens tile_row_tokens gives) and (D/8)g + 2mt + 1 (a1, a3): two tokens' index words are merged with
 // shifts and LOP3s into bytes that index the same pair table as K. `valid`
 // masks tokens past the chunk's end: their fp16 rows may hold anything
 // (stale slots), and 0 * NaN would poison O.
@@ -344,7 +360,8 @@ template <int VF, int kRowWords, int D>
 __device__ __forceinline__ void value_tile(const uint8_t* rows, int c, int g, const uint32_t* lut, uint32_t table,
                                            uint32_t lane4, const uint32_t (&pb)[2], const bool (&valid)[4],
                                            float (&o)[D / 16][4]) {
-  const int tok[4] = {2 * c, 2 * c + 1, 2 * c + 8, 2 * c + 9};
+  int tok[4];
+  tile_row_tokens(c, tok);
   constexpr int RB = row_bytes(VF, D), kMTiles = D / 16;
   if constexpr (VF == kTq4) {
     constexpr int W = D / 64;  // words of a token's D/8 coordinates (D/16 bytes)
@@ -415,8 +432,8 @@ __device__ __forceinline__ void value_tile(const uint8_t* rows, int c, int g, co
 }
 
 // The 8 x 8 fp16 transpose of a fragment across the warp (ldmatrix's layout):
-// the score accumulator holds (token g, heads 2c, 2c+1); the PV mma wants
-// (tokens 2c, 2c+1, head g).
+// the score accumulator holds (row g, heads 2c, 2c+1); the PV mma wants
+// (k = rows 2c, 2c+1, head g).
 __device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
   uint32_t y;
   asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
@@ -860,6 +877,11 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32, Til
   for (int mt = 0; mt < kMTiles; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.0f;
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;  // heads 2c, 2c+1
 
+  // The tokens of the lane's score rows (rg, rg + 8) and of its PV operand
+  // (tile_row_tokens).
+  const int rg = tile_row(g);
+  int vt[4];
+  tile_row_tokens(c, vt);
   int stage = 0;
   for (int i = 0; i < n_my; ++i) {
     if (i + S - 1 < n_my) issue();
@@ -870,55 +892,61 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32, Til
     stage = stage == S - 1 ? 0 : stage + 1;
     const int tok0 = (first + kWarps * i) * kTile;
 
-    // s[0], s[1]: token g, heads 2c, 2c+1; s[2], s[3]: token g + 8.
+    // s[0], s[1]: token rg, heads 2c, 2c+1; s[2], s[3]: token rg + 8.
     float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    score_tile<KF, kRowWords, D>(st + g * KR, st + (g + 8) * KR, c, lut_k, table_k, lane4, qb, s);
-    const bool valid0 = tok0 + g < t1, valid1 = tok0 + g + 8 < t1;
+    score_tile<KF, kRowWords, D>(st + rg * KR, st + (rg + 8) * KR, c, lut_k, table_k, lane4, qb, s);
+    const bool valid0 = tok0 + rg < t1, valid1 = tok0 + rg + 8 < t1;
     float ks0 = 1.0f, ks1 = 1.0f, vs0 = 1.0f, vs1 = 1.0f;
     if constexpr (quantized(KF)) {
-      ks0 = sb == 2 ? __half2float(reinterpret_cast<const __half*>(st + L::kKScaleOffset)[g])
-                    : reinterpret_cast<const float*>(st + L::kKScaleOffset)[g];
-      ks1 = sb == 2 ? __half2float(reinterpret_cast<const __half*>(st + L::kKScaleOffset)[g + 8])
-                    : reinterpret_cast<const float*>(st + L::kKScaleOffset)[g + 8];
+      ks0 = sb == 2 ? __half2float(reinterpret_cast<const __half*>(st + L::kKScaleOffset)[rg])
+                    : reinterpret_cast<const float*>(st + L::kKScaleOffset)[rg];
+      ks1 = sb == 2 ? __half2float(reinterpret_cast<const __half*>(st + L::kKScaleOffset)[rg + 8])
+                    : reinterpret_cast<const float*>(st + L::kKScaleOffset)[rg + 8];
     }
     if constexpr (quantized(VF)) {
-      vs0 = sb == 2 ? __half2float(reinterpret_cast<const __half*>(st + L::kVScaleOffset)[g])
-                    : reinterpret_cast<const float*>(st + L::kVScaleOffset)[g];
-      vs1 = sb == 2 ? __half2float(reinterpret_cast<const __half*>(st + L::kVScaleOffset)[g + 8])
-                    : reinterpret_cast<const float*>(st + L::kVScaleOffset)[g + 8];
+      vs0 = sb == 2 ? __half2float(reinterpret_cast<const __half*>(st + L::kVScaleOffset)[rg])
+                    : reinterpret_cast<const float*>(st + L::kVScaleOffset)[rg];
+      vs1 = sb == 2 ? __half2float(reinterpret_cast<const __half*>(st + L::kVScaleOffset)[rg + 8])
+                    : reinterpret_cast<const float*>(st + L::kVScaleOffset)[rg + 8];
     }
     s[0] = valid0 ? s[0] * ks0 : -INFINITY;
     s[1] = valid0 ? s[1] * ks0 : -INFINITY;
     s[2] = valid1 ? s[2] * ks1 : -INFINITY;
     s[3] = valid1 ? s[3] * ks1 : -INFINITY;
-    // Max over the 16 tokens of each head: the 8 lanes with the same c.
-    float mx0 = fmaxf(s[0], s[2]), mx1 = fmaxf(s[1], s[3]);
+    // The running max of each head moves only when some score of the tile
+    // exceeds it, which after the first tiles is rare (~ln(tiles) of a
+    // warp's tiles on random data). Only then the max over the 16 tokens of
+    // each head (the 8 lanes with the same c: three dependent shuffle rounds,
+    // v33's Nsight Compute profile put ~6% of the warps' stall samples on
+    // them at batch 8 / 32k), the correction alpha and the rescale of O.
+    // Otherwise the new max is the old one and alpha is 1: the same bits as
+    // taking the max every tile.
+    float alpha0 = 1.0f, alpha1 = 1.0f;
+    if (__any_sync(0xffffffffu, fmaxf(s[0], s[2]) > m0 || fmaxf(s[1], s[3]) > m1)) {
+      float mx0 = fmaxf(s[0], s[2]), mx1 = fmaxf(s[1], s[3]);
 #pragma unroll
-    for (int off = 4; off < 32; off *= 2) {
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
-    }
-    const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
-    const float alpha0 = fast_exp2(m0 - n0), alpha1 = fast_exp2(m1 - n1);
-    m0 = n0, m1 = n1;
-    const float p0 = fast_exp2(s[0] - n0), p1 = fast_exp2(s[1] - n1), p2 = fast_exp2(s[2] - n0),
-                p3 = fast_exp2(s[3] - n1);
-    l0 = l0 * alpha0 + (p0 + p2);
-    l1 = l1 * alpha1 + (p1 + p3);
-    // After the first tiles the running max rarely moves: skip the 32
-    // multiplies by 1 unless some head of the warp needs them.
-    if (__any_sync(0xffffffffu, alpha0 != 1.0f || alpha1 != 1.0f)) {
+      for (int off = 4; off < 32; off *= 2) {
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
+      }
+      const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
+      alpha0 = fast_exp2(m0 - n0), alpha1 = fast_exp2(m1 - n1);
+      m0 = n0, m1 = n1;
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
         o[mt][0] *= alpha0, o[mt][1] *= alpha1;
         o[mt][2] *= alpha0, o[mt][3] *= alpha1;
       }
     }
+    const float p0 = fast_exp2(s[0] - m0), p1 = fast_exp2(s[1] - m1), p2 = fast_exp2(s[2] - m0),
+                p3 = fast_exp2(s[3] - m1);
+    l0 = l0 * alpha0 + (p0 + p2);
+    l1 = l1 * alpha1 + (p1 + p3);
     // B of the PV mma: p * s_v as fp16 (0 for masked tokens, whose scale may
-    // be garbage), transposed to (tokens 2c, 2c+1 | 2c+8, 2c+9; head g).
+    // be garbage), transposed to (rows 2c, 2c+1 | 2c+8, 2c+9; head g).
     const uint32_t pb[2] = {transpose8x8(pack_half2(valid0 ? p0 * vs0 : 0.0f, valid0 ? p1 * vs0 : 0.0f)),
                             transpose8x8(pack_half2(valid1 ? p2 * vs1 : 0.0f, valid1 ? p3 * vs1 : 0.0f))};
-    const bool vvalid[4] = {tok0 + 2 * c < t1, tok0 + 2 * c + 1 < t1, tok0 + 2 * c + 8 < t1, tok0 + 2 * c + 9 < t1};
+    const bool vvalid[4] = {tok0 + vt[0] < t1, tok0 + vt[1] < t1, tok0 + vt[2] < t1, tok0 + vt[3] < t1};
     value_tile<VF, kRowWords, D>(st + kTile * KR, c, g, lut_v, table_v, lane4, pb, vvalid, o);
     __syncwarp();  // the stage is refilled by the next iteration's issue
   }
