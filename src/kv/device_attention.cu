@@ -349,6 +349,35 @@ __device__ __forceinline__ void tile_row_tokens(int c, int (&tok)[4]) {
   tok[0] = t, tok[1] = t ^ 1, tok[2] = t + 8, tok[3] = (t ^ 1) + 8;
 }
 
+// Where a tq4 V row (d = 128: 64 bytes, four 16-byte chunks) of a staged
+// tile keeps its bytes: the two 32-byte halves swapped for tokens with bit 2
+// set (byte j at j ^ 32). The 8-byte V index loads (value_tile) are served
+// per half warp: lanes c = 0..3 of one half read rows rho(2c) (0, 3, 4, 7, or
+// 1, 2, 5, 6 and the same + 8) at bytes 8g, g < 4 or g >= 4. tile_row already
+// puts rows of both parities (bank halves) into each load; rows r and r + 4
+// still shared their banks: two wavefronts per half warp where one does
+// (Nsight Compute on fb10dae: 10% of the kernel's shared wavefronts were
+// such excess). With the halves swapped, the four rows of a half warp cover
+// the 32 banks once. The copy into the stage applies it per lane (a lane's
+// two 16-byte pieces of V are one row's chunk and the row 8 below's, rows
+// with the same bit 2, so one source offset per lane), the append that
+// writes the newest token into a staged tile too; K rows keep the plain
+// layout.
+template <int VF, int D>
+__host__ __device__ constexpr bool swizzled_v_rows() {
+  return VF == kTq4 && D == 128;
+}
+template <int VF, int D>
+__device__ __forceinline__ int stage_v_byte_xor(int token) {
+  return swizzled_v_rows<VF, D>() ? (token & 4) << 3 : 0;
+}
+// The piece of a tile's V rows (16 bytes; piece l is row l / 4, chunk l % 4)
+// that goes into stage slot l: chunk ^ 2 for rows with bit 2 set.
+template <int VF, int D>
+__device__ __forceinline__ int stage_v_piece_lane(int lane) {
+  return swizzled_v_rows<VF, D>() ? lane ^ ((lane >> 3) & 2) : lane;
+}
+
 // O^T[D x 8 heads] += V^T[D x 16 tokens] . P'^T[16 tokens x 8 heads]:
 // V^T is the A operand, D/16 m-tiles of 16 coordinates. The lane's A operand
 // of m-tile mt is coordinate (D/8)g + 2mt (a0: k = 2c, 2c+1; a2: k = 2c+8,
@@ -366,11 +395,15 @@ __device__ __forceinline__ void value_tile(const uint8_t* rows, int c, int g, co
   if constexpr (VF == kTq4) {
     constexpr int W = D / 64;  // words of a token's D/8 coordinates (D/16 bytes)
     uint32_t lo[2][W], hi[2][W];  // [token pair][word]: byte k of lo/hi holds coordinate (D/8)g + 8w + 2k (+1)
+    // The lane's bytes in each of its four rows: the four tokens rho(2c),
+    // rho(2c + 1), rho(2c + 8), rho(2c + 9) have the same bit 2 (that of 2c),
+    // so one offset serves them all (stage_v_byte_xor).
+    const int byte0 = (4 * W * g) ^ stage_v_byte_xor<VF, D>(tok[0]);
 #pragma unroll
     for (int p = 0; p < 2; ++p) {
       uint32_t aw[W], bw[W];
-      load_words<W>(rows + tok[2 * p] * RB + 4 * W * g, aw);
-      load_words<W>(rows + tok[2 * p + 1] * RB + 4 * W * g, bw);
+      load_words<W>(rows + tok[2 * p] * RB + byte0, aw);
+      load_words<W>(rows + tok[2 * p + 1] * RB + byte0, bw);
 #pragma unroll
       for (int w = 0; w < W; ++w) {
         lo[p][w] = select_bits(0x0F0F0F0Fu, aw[w], bw[w] << 4);
@@ -701,12 +734,17 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32, Til
   const uint32_t slab_bytes = static_cast<uint32_t>(a.slab_bytes);
   const uint32_t page_stride = static_cast<uint32_t>(a.num_kv_heads) * slab_bytes;
   const uint32_t head_lane = static_cast<uint32_t>(h) * slab_bytes + 16u * lane;  // + the tile's offset in the slab
+  // V's pieces: lane l fetches the piece that belongs in its stage slot l
+  // (stage_v_piece_lane: the same slot permutation, an involution).
+  const uint32_t head_lane_v = static_cast<uint32_t>(h) * slab_bytes + static_cast<uint32_t>(a.v_rows) +
+                               16u * static_cast<uint32_t>(stage_v_piece_lane<VF, D>(lane));
   const int first_page = first / tiles_per_page;
   int issue_entry = table_row * static_cast<int>(a.table_stride) + first_page;  // into a.tables
   int issue_tile_in_page = first - first_page * tiles_per_page;
   int issue_page = n_my > 0 ? a.tables[issue_entry] : 0;
   int issue_stage = 0, issued = 0;
   const uint32_t lane_stages = static_cast<uint32_t>(__cvta_generic_to_shared(my_stages)) + 16u * lane;
+
   // The scales (kTile * sb = 32 or 64 bytes of each quantized part): lanes
   // 0-3 copy K's, lanes 8-11 V's, one predicated copy per lane with its
   // offsets in registers (two copies, each with its own predicate and
@@ -721,7 +759,7 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32, Til
     const uint32_t slot = static_cast<uint32_t>(issue_tile_in_page) * kTile;
     const uint32_t dst = lane_stages + static_cast<uint32_t>(issue_stage) * L::kStageBytes;
     copy_pieces<kTile * KR, 0>(dst, page + (head_lane + static_cast<uint32_t>(a.k_rows) + slot * KR), lane);
-    copy_pieces<kTile * VR, kTile * KR>(dst, page + (head_lane + static_cast<uint32_t>(a.v_rows) + slot * VR), lane);
+    copy_pieces<kTile * VR, kTile * KR>(dst, page + (head_lane_v + slot * VR), lane);
     if (scale_lane) cp_async16_at<0, 0>(dst + scale_dst, page + (scale_src + slot * sb));
     issue_stage = issue_stage == S - 1 ? 0 : issue_stage + 1;
     ++issued;
@@ -804,7 +842,8 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32, Til
         uint8_t* st = stages + (owner * S + i) * L::kStageBytes;
         const bool key = warp == 0;
         store_vector_warp<D>(a.append, plan, x, scratch, scale, st + (key ? slot * KR : kTile * KR + slot * VR),
-                             reinterpret_cast<std::byte*>(st + (key ? L::kKScaleOffset : L::kVScaleOffset) + slot * sb));
+                             reinterpret_cast<std::byte*>(st + (key ? L::kKScaleOffset : L::kVScaleOffset) + slot * sb),
+                             key ? 0 : stage_v_byte_xor<VF, D>(slot));
       }
     }
     __syncthreads();

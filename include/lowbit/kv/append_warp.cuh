@@ -118,11 +118,13 @@ __device__ __forceinline__ float quantize_vector_warp(const KvAppendTarget& t, c
 
 // Stores what quantize_vector_warp made (or x itself, for an fp16 part) as
 // the cache lays out a slot: the row's bytes at `row`, the scale at `scale`
-// (quantized parts). Global or shared memory alike.
+// (quantized parts). Global or shared memory alike. `row_byte_xor`: a 4-bit
+// row's byte j goes to j ^ row_byte_xor (a staged tile's swizzled V rows,
+// stage_v_byte_xor in device_attention.cu; 0 for the cache's own layout).
 template <int D>
 __device__ __forceinline__ void store_vector_warp(const KvAppendTarget& t, const KvAppendPlan& p,
                                                   const float (&x)[D / 32], const uint8_t* scratch, float scale_value,
-                                                  uint8_t* row, std::byte* scale) {
+                                                  uint8_t* row, std::byte* scale, int row_byte_xor = 0) {
   constexpr int kPer = D / 32;
   const int lane = threadIdx.x % 32;
   const KvAppendPart& f = t.part[p.part];
@@ -137,7 +139,8 @@ __device__ __forceinline__ void store_vector_warp(const KvAppendTarget& t, const
     else *reinterpret_cast<__half*>(scale) = __float2half_rn(scale_value);
   }
   if (f.bits == 4) {
-    for (int j = lane; j < D / 2; j += 32) row[j] = static_cast<uint8_t>(scratch[2 * j] | (scratch[2 * j + 1] << 4));
+    for (int j = lane; j < D / 2; j += 32)
+      row[j ^ row_byte_xor] = static_cast<uint8_t>(scratch[2 * j] | (scratch[2 * j + 1] << 4));
   } else {
     // The 2-bit plane (the whole index for tq2, the low bits for tq3), then tq3's high bits.
     for (int j = lane; j < D / 4; j += 32)
