@@ -744,7 +744,6 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32, Til
   int issue_page = n_my > 0 ? a.tables[issue_entry] : 0;
   int issue_stage = 0, issued = 0;
   const uint32_t lane_stages = static_cast<uint32_t>(__cvta_generic_to_shared(my_stages)) + 16u * lane;
-
   // The scales (kTile * sb = 32 or 64 bytes of each quantized part): lanes
   // 0-3 copy K's, lanes 8-11 V's, one predicated copy per lane with its
   // offsets in registers (two copies, each with its own predicate and
