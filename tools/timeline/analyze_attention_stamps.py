@@ -19,7 +19,9 @@ import collections
 import statistics
 import sys
 
-ATTEND = {0: "entry", 1: "after wait", 2: "loop start", 3: "all warps done", 4: "warps' merge done",
+ATTEND = {0: "entry", 24: "length known", 25: "tables filled", 1: "after wait",
+          26: "queries and tiles requested", 27: "queries rotated", 28: "queries staged", 2: "loop start",
+          29: "first tile landed (warp 0)", 3: "all warps done", 4: "warps' merge done",
           5: "cluster barrier 1", 6: "cluster heads done", 7: "cluster barrier 2"}
 MERGE = ["entry", "after wait", "merged"]
 
