@@ -7,7 +7,9 @@ flush of L2). Rows:
   A,impl,batch,context,split,call,cta,s0..s31   attend_kernel, us from the call start
   M,impl,batch,context,split,call,cta,m0..m2    merge_kernel
 attend stamps: 0 entry, 1 after the wait for the previous kernel, 2 loop start
-(tables filled, queries staged), 3 all warps' loops done, 4 warps' merge done,
+(tables filled, queries staged), 3 all warps' loops done and their states
+stored (since v36 the warps store before that barrier), 30 the head weights
+done, 4 warps' merge done,
 5-7 the cluster merge (after its first barrier, heads done, after its second
 barrier), 8+w warp w's loop end. merge stamps: entry, after the wait, merged
 (before the un-rotation and the stores). -1: not stamped.
@@ -21,7 +23,8 @@ import sys
 
 ATTEND = {0: "entry", 24: "length known", 25: "tables filled", 1: "after wait",
           26: "queries and tiles requested", 27: "queries rotated", 28: "queries staged", 2: "loop start",
-          29: "first tile landed (warp 0)", 3: "all warps done", 4: "warps' merge done",
+          29: "first tile landed (warp 0)", 3: "all warps done", 30: "head weights done",
+          4: "warps' merge done",
           5: "cluster barrier 1", 6: "cluster heads done", 7: "cluster barrier 2"}
 MERGE = ["entry", "after wait", "merged"]
 
