@@ -4,8 +4,12 @@
 Input: the CSV that `lowbit bench attention` appends to when the patched build
 runs with LOWBIT_EXP_STAMPS=FILE (three stamped calls per point, after a write
 flush of L2). Rows:
-  A,impl,batch,context,split,call,cta,s0..s31   attend_kernel, us from the call start
-  M,impl,batch,context,split,call,cta,m0..m2    merge_kernel
+  A,impl,batch,context,split,call,cta,s0..s31[,c0..c31]   attend_kernel, us from the call start
+  M,impl,batch,context,split,call,cta,m0..m2[,n0..n2]     merge_kernel
+s are %globaltimer stamps (one clock for all SMs, but in 256 ns steps on an
+H200); c and n (since v36) the same stamps in the SM's %clock64 cycles since
+the CTA's first stamp: exact durations inside a CTA, printed per phase in
+cycles and in us at CLOCK_MHZ (default 1980).
 attend stamps: 0 entry, 1 after the wait for the previous kernel, 2 loop start
 (tables filled, queries staged), 3 all warps' loops done and their states
 stored (since v36 the warps store before that barrier), 30 the head weights
@@ -14,8 +18,9 @@ done, 4 warps' merge done,
 barrier), 8+w warp w's loop end. merge stamps: entry, after the wait, merged
 (before the un-rotation and the stores). -1: not stamped.
 
-Usage: analyze_attention_stamps.py FILE
-Prints min-max (median) over the CTAs of each call for every stamp.
+Usage: analyze_attention_stamps.py FILE [CLOCK_MHZ]
+Prints min-max (median) over the CTAs of each call for every stamp, then the
+phases' cycle counts where the file has them.
 """
 import collections
 import statistics
@@ -27,6 +32,19 @@ ATTEND = {0: "entry", 24: "length known", 25: "tables filled", 1: "after wait",
           4: "warps' merge done",
           5: "cluster barrier 1", 6: "cluster heads done", 7: "cluster barrier 2"}
 MERGE = ["entry", "after wait", "merged"]
+# (from slot, to slot, name): durations inside one CTA, from the cycle stamps
+PHASES = [(0, 1, "entry -> after wait"), (1, 2, "after wait -> loop start"), (2, 3, "loop start -> all warps done"),
+          (3, 30, "head weights"), (30, 4, "output sums and stores"), (4, 5, "wait at cluster barrier 1"),
+          (5, 6, "cluster heads"), (6, 7, "cluster barrier 2")]
+MERGE_PHASES = [(0, 1, "wait"), (1, 2, "merge")]
+
+
+def cycles(values, mhz):
+    values = [v for v in values if v >= 0]
+    if not values:
+        return "-"
+    med = statistics.median(values)
+    return "%7d-%7d cycles (median %7d = %6.2f us)" % (min(values), max(values), med, med / mhz)
 
 
 def spread(values):
@@ -36,7 +54,7 @@ def spread(values):
     return "%6.1f-%6.1f (median %6.1f)" % (min(values), max(values), statistics.median(values))
 
 
-def main(path):
+def main(path, mhz=1980.0):
     groups = collections.defaultdict(list)
     with open(path) as f:
         for line in f:
@@ -52,10 +70,17 @@ def main(path):
                 print("   %-20s %s" % (name, spread([s[slot] for s in stamps])))
             ends = [s[8 + w] for s in stamps for w in range(16)]
             print("   %-20s %s" % ("warps' loop ends", spread(ends)))
+            if len(stamps[0]) >= 64:
+                for a, b, name in PHASES:
+                    print("   %-28s %s" % (name, cycles([s[32 + b] - s[32 + a] for s in stamps
+                                                             if s[32 + a] >= 0 and s[32 + b] >= 0], mhz)))
         else:
             for slot, name in enumerate(MERGE):
                 print("   %-20s %s" % (name, spread([s[slot] for s in stamps])))
+            if len(stamps[0]) >= 6:
+                for a, b, name in MERGE_PHASES:
+                    print("   %-28s %s" % (name, cycles([s[3 + b] - s[3 + a] for s in stamps], mhz)))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], float(sys.argv[2]) if len(sys.argv) > 2 else 1980.0)
