@@ -561,7 +561,9 @@ constexpr int kMergeRow = D + 2 * (D / 32) + 2;
 // the CTA needs one barrier before the merge instead of two (one so that no
 // block overwrites another warp's live stages, one for the stores). Else
 // (the small tq2 / tq3 stages at d = 64) the blocks lie side by side, after
-// a barrier.
+// a barrier. After the blocks: each head's warp weights, [8][kWarps]
+// contiguous (an output's sum loads them as float4s, not one scalar per
+// warp), and each head's total of the weighted sums.
 template <typename L, int D>
 struct WarpMergeLayout {
   static constexpr int kMaxOffset = 8 * kMergeRow<D>;  // the maxima, then the sums
@@ -569,8 +571,12 @@ struct WarpMergeLayout {
   static constexpr int kBlockBytes = 4 * (kSumOffset + 8);
   static constexpr bool kInOwnStages = L::kStages * L::kStageBytes >= kBlockBytes;
   static constexpr int kStrideBytes = kInOwnStages ? L::kStages * L::kStageBytes : kBlockBytes;
+  static constexpr int kWeightsBytes = (L::kWarps - 1) * kStrideBytes + kBlockBytes;
+  static constexpr int kTotalsBytes = kWeightsBytes + 4 * 8 * L::kWarps;
   // The region's end: merge_in_cluster's chunk result follows it.
-  static constexpr int kBytes = (L::kWarps - 1) * kStrideBytes + kBlockBytes;
+  static constexpr int kBytes = kTotalsBytes + 4 * 8;
+  static_assert(kStrideBytes % 16 == 0 && kWeightsBytes % 16 == 0 && L::kWarps % 4 == 0,
+                "16-byte aligned blocks and weights (float2 rows, float4 weights)");
 };
 
 // The chunks' exact log-sum-exp merge (the CPU reference's formula, in log2
@@ -1106,65 +1112,81 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32, Til
   }
   __syncthreads();
   // Per head (one warp each, lane w holding warp w's state): the maximum M
-  // of the warps' running maxima, each warp's weight exp2(m_w - M) in place
-  // of m_w (-1 for a warp without tiles), the total in place of warp 0's l,
-  // and the chunk's log-sum-exp. Every output element then needs only its
-  // warps' weighted sum: computed per element, the maximum and the weights
-  // made this merge 1.4-1.9 us of a batch-1 step's attention (per-CTA timer
-  // stamps). The total is summed in warp order, as one thread per head
-  // walking the warps summed it; that thread's loop, whose shared-memory
-  // loads could not pass its own stores, was most of the warps' merge's
-  // 1.8 us after the loops at batch 1 and 8 / 32k (v35 stamps).
+  // of the warps' running maxima, each warp's weight exp2(m_w - M) (0 for a
+  // warp without tiles, whose m is -inf), the total of the weighted sums
+  // (a fixed tree over the lanes) and the chunk's log-sum-exp. Every output
+  // element then needs only its warps' weighted sum. Computed per element,
+  // the maximum and the weights made this merge 1.4-1.9 us of a batch-1
+  // step's attention (per-CTA timer stamps); then one thread per head
+  // walked the warps, with shared-memory loads that could not pass its own
+  // stores (v35: 1.8 us from the loops' end to the merged outputs at batch
+  // 1 and 8 / 32k).
   const int64_t row_head0 = static_cast<int64_t>(r) * a.num_q_heads + h * a.group;
   float* results = reinterpret_cast<float*>(stages + a.cluster_result_offset);
+  float* weights = reinterpret_cast<float*>(stages + ML::kWeightsBytes);
+  float* totals = reinterpret_cast<float*>(stages + ML::kTotalsBytes);
   for (int head = warp; head < a.group; head += kWarps) {
     const float mw = lane < kWarps ? merge_block(lane)[ML::kMaxOffset + head] : -INFINITY;
     const float lw = lane < kWarps ? merge_block(lane)[ML::kSumOffset + head] : 0.0f;
     float M = mw;
 #pragma unroll
     for (int off = 16; off > 0; off /= 2) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, off));
-    const float f = mw == -INFINITY ? -1.0f : exp2f(mw - M);  // -INFINITY: a warp without tiles
-    float total = 0.0f;
+    // Finite: warp 0 has this chunk's first tile.
+    const float f = exp2f(mw - M);
+    float total = f * lw;
 #pragma unroll
-    for (int w2 = 0; w2 < kWarps; ++w2) {
-      const float fw = __shfl_sync(0xffffffffu, f, w2), lw2 = __shfl_sync(0xffffffffu, lw, w2);
-      if (fw >= 0.0f) total += fw * lw2;
-    }
-    if (lane < kWarps) merge_block(lane)[ML::kMaxOffset + head] = f;
+    for (int off = 16; off > 0; off /= 2) total += __shfl_xor_sync(0xffffffffu, total, off);
+    if (lane < kWarps) weights[head * kWarps + lane] = f;
     if (lane == 0) {
-      merge_block(0)[ML::kSumOffset + head] = total;
+      totals[head] = total;
       const float lse = M + log2f(total);
       if (a.cluster_merge) results[kDeviceMaxGroup * D + head] = lse;
       else a.part_lse[(row_head0 + head) * a.max_splits + split] = lse;
     }
   }
   __syncthreads();
-  // The outputs: kSumRounds elements per thread, every round's loads issued
-  // before the first store (a round past the group's last element computes
-  // that element again and stores nothing), so the rounds' shared-memory
-  // round trips overlap instead of following each other.
-  constexpr int kSumRounds = (kDeviceMaxGroup * D + kThreads - 1) / kThreads;
-  const int n_out = a.group * D;
-  float sums[kSumRounds];
+  // The outputs, two adjacent coordinates per thread (a float2 of a head
+  // row: merge_slot keeps even coordinates' pairs together), kSumRounds
+  // rounds whose loads are all issued before the first store; a warp past
+  // the group's last pair skips its round. The first version took one
+  // coordinate and 16 scalar weights per thread: 64 shared-memory loads per
+  // thread over two rounds at batch 1 and 8 / 32k, 1400 cycles of a 16-warp
+  // CTA (v36 cycle stamps), where the shared memory's wavefronts are the
+  // limit.
+  constexpr int kPairs = kDeviceMaxGroup * D / 2;
+  constexpr int kSumRounds = (kPairs + kThreads - 1) / kThreads;
+  const int n_pairs = a.group * D / 2;
+  float2 sums[kSumRounds];
 #pragma unroll
   for (int k = 0; k < kSumRounds; ++k) {
-    const int t = min(static_cast<int>(threadIdx.x) + k * kThreads, n_out - 1);
-    const int head = t / D, j = t % D;
-    float acc = 0.0f;
+    sums[k] = make_float2(0.0f, 0.0f);
+    const int p = static_cast<int>(threadIdx.x) + k * kThreads;
+    if (p - lane >= n_pairs) continue;  // the whole warp is past the last pair
+    const int pc = min(p, n_pairs - 1), head = pc / (D / 2), j = 2 * (pc % (D / 2));
+    float f[kWarps];
+#pragma unroll
+    for (int w4 = 0; w4 < kWarps; w4 += 4) {
+      const float4 q = *reinterpret_cast<const float4*>(weights + head * kWarps + w4);
+      f[w4] = q.x, f[w4 + 1] = q.y, f[w4 + 2] = q.z, f[w4 + 3] = q.w;
+    }
+    float acc0 = 0.0f, acc1 = 0.0f;
 #pragma unroll
     for (int w2 = 0; w2 < kWarps; ++w2) {
-      const float f = merge_block(w2)[ML::kMaxOffset + head];
-      if (f < 0.0f) continue;  // a warp without tiles
-      acc += f * merge_block(w2)[head * kMergeRow<D> + merge_slot(j)];
+      const float2 v = *reinterpret_cast<const float2*>(merge_block(w2) + head * kMergeRow<D> + merge_slot(j));
+      acc0 += f[w2] * v.x;
+      acc1 += f[w2] * v.y;
     }
-    sums[k] = acc / merge_block(0)[ML::kSumOffset + head];
+    const float total = totals[head];
+    sums[k] = make_float2(acc0 / total, acc1 / total);
   }
 #pragma unroll
   for (int k = 0; k < kSumRounds; ++k) {
-    const int t = static_cast<int>(threadIdx.x) + k * kThreads;
-    if (t >= n_out) break;
-    if (a.cluster_merge) results[t] = sums[k];  // [head][D]: t = head * D + j
-    else a.part_out[((row_head0 + t / D) * a.max_splits + split) * D + t % D] = sums[k];
+    const int p = static_cast<int>(threadIdx.x) + k * kThreads;
+    if (p >= n_pairs) break;
+    const int t = 2 * p;  // head * D + j
+    if (a.cluster_merge) *reinterpret_cast<float2*>(results + t) = sums[k];
+    else
+      *reinterpret_cast<float2*>(a.part_out + ((row_head0 + t / D) * a.max_splits + split) * D + t % D) = sums[k];
   }
   if (a.cluster_merge) merge_in_cluster<D>(a, r, h, len, results, kWarps, v_signs);
 }

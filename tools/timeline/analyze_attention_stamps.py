@@ -15,7 +15,7 @@ attend stamps: 0 entry, 1 after the wait for the previous kernel, 2 loop start
 stored (since v36 the warps store before that barrier), 30 the head weights
 done, 4 warps' merge done,
 5-7 the cluster merge (after its first barrier, heads done, after its second
-barrier), 8+w warp w's loop end. merge stamps: entry, after the wait, merged
+barrier; 31 since v36: warp 0's chunks loaded and merged), 8+w warp w's loop end. merge stamps: entry, after the wait, merged
 (before the un-rotation and the stores). -1: not stamped.
 
 Usage: analyze_attention_stamps.py FILE [CLOCK_MHZ]
@@ -30,12 +30,13 @@ ATTEND = {0: "entry", 24: "length known", 25: "tables filled", 1: "after wait",
           26: "queries and tiles requested", 27: "queries rotated", 28: "queries staged", 2: "loop start",
           29: "first tile landed (warp 0)", 3: "all warps done", 30: "head weights done",
           4: "warps' merge done",
-          5: "cluster barrier 1", 6: "cluster heads done", 7: "cluster barrier 2"}
+          5: "cluster barrier 1", 31: "cluster chunks merged (warp 0)", 6: "cluster heads done",
+          7: "cluster barrier 2"}
 MERGE = ["entry", "after wait", "merged"]
 # (from slot, to slot, name): durations inside one CTA, from the cycle stamps
 PHASES = [(0, 1, "entry -> after wait"), (1, 2, "after wait -> loop start"), (2, 3, "loop start -> all warps done"),
           (3, 30, "head weights"), (30, 4, "output sums and stores"), (4, 5, "wait at cluster barrier 1"),
-          (5, 6, "cluster heads"), (6, 7, "cluster barrier 2")]
+          (5, 31, "cluster chunks loaded, merged"), (31, 6, "cluster un-rotation, stores"), (6, 7, "cluster barrier 2")]
 MERGE_PHASES = [(0, 1, "wait"), (1, 2, "merge")]
 
 
