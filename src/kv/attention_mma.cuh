@@ -62,29 +62,14 @@ __device__ __forceinline__ float fast_exp2(float x) {
 // of the two coordinates' centroids. Each of the 32 lanes gets a copy of its
 // own (entry e of lane l at word e * kRowWords + l), so that random indices
 // do not collide in shared-memory banks.
-//
-// The codebook comes in registers, lane l holding centroid l
-// (lane_centroid): a kernel loads it before its wait for the previous kernel
-// (the codebook is constant), and the fill after the wait then needs no
-// global load. Read inside the fill, the codebook's line was a DRAM round
-// trip after the wait of a standalone decode call (after a write that
-// flushed L2): the fill ended 1.1 us after the wait (v35 timer stamps),
-// most of that the round trip by our reading.
-__device__ __forceinline__ float lane_centroid(int f, const float* centroids) {
-  const int bits = f == kTq4 ? 4 : f == kTq3 ? 3 : 2;
-  return centroids[(threadIdx.x % 32) & ((1 << bits) - 1)];
-}
 template <int kRowWords>
-__device__ __forceinline__ void fill_lut(uint32_t* lut, int f, float lane_centroids) {
+__device__ __forceinline__ void fill_lut(uint32_t* lut, int f, const float* centroids) {
   const int entries = lut_entries(f);
   const int bits = f == kTq4 ? 4 : f == kTq3 ? 3 : 2;
   const int mask = (1 << bits) - 1;
-  // i runs over whole warps (blockDim.x and entries * 32 are multiples of
-  // 32): e is the same for a warp's 32 lanes, and the shuffles broadcast.
   for (int i = threadIdx.x; i < entries * 32; i += blockDim.x) {
     const int e = i >> 5;
-    lut[e * kRowWords + (i & 31)] = pack_half2(__shfl_sync(0xffffffffu, lane_centroids, e & mask),
-                                               __shfl_sync(0xffffffffu, lane_centroids, e >> bits));
+    lut[e * kRowWords + (i & 31)] = pack_half2(centroids[e & mask], centroids[e >> bits]);
   }
 }
 

@@ -181,10 +181,8 @@ __device__ __forceinline__ int64_t code_length(const AttnArgs& a, int64_t len) {
 // The chunks the merge combines for a row of length len: its code chunks,
 // then the window's (always at least one token: the query's own).
 __device__ __forceinline__ int chunks_of_row(const AttnArgs& a, int64_t len) {
-  // 32-bit (lengths and chunk lengths < 2^31, the host checks): the 64-bit
-  // division was a call to a software routine on the merges' path.
-  const uint32_t code = static_cast<uint32_t>(code_length(a, len)), split = static_cast<uint32_t>(a.split_tokens);
-  return static_cast<int>((code + split - 1u) / split) + (a.window > 0 ? 1 : 0);
+  const int64_t code = code_length(a, len);
+  return static_cast<int>((code + a.split_tokens - 1) / a.split_tokens) + (a.window > 0 ? 1 : 0);
 }
 
 __device__ __forceinline__ uint32_t byte_of(uint32_t w, int k) { return (w >> (8 * k)) & 0xffu; }
@@ -554,31 +552,6 @@ __host__ __device__ constexpr int merge_slot(int coordinate) { return coordinate
 template <int D>
 constexpr int kMergeRow = D + 2 * (D / 32) + 2;
 
-// Where the warps' merge keeps each warp's state (its block: 8 head rows of
-// kMergeRow floats, then its 8 running maxima, then its 8 sums). When a
-// warp's ring stages hold a block, the block is there: a warp stores its
-// state as soon as its own loop ends, while slower warps still stream, and
-// the CTA needs one barrier before the merge instead of two (one so that no
-// block overwrites another warp's live stages, one for the stores). Else
-// (the small tq2 / tq3 stages at d = 64) the blocks lie side by side, after
-// a barrier. After the blocks: each head's warp weights, [8][kWarps]
-// contiguous (an output's sum loads them as float4s, not one scalar per
-// warp), and each head's total of the weighted sums.
-template <typename L, int D>
-struct WarpMergeLayout {
-  static constexpr int kMaxOffset = 8 * kMergeRow<D>;  // the maxima, then the sums
-  static constexpr int kSumOffset = kMaxOffset + 8;
-  static constexpr int kBlockBytes = 4 * (kSumOffset + 8);
-  static constexpr bool kInOwnStages = L::kStages * L::kStageBytes >= kBlockBytes;
-  static constexpr int kStrideBytes = kInOwnStages ? L::kStages * L::kStageBytes : kBlockBytes;
-  static constexpr int kWeightsBytes = (L::kWarps - 1) * kStrideBytes + kBlockBytes;
-  static constexpr int kTotalsBytes = kWeightsBytes + 4 * 8 * L::kWarps;
-  // The region's end: merge_in_cluster's chunk result follows it.
-  static constexpr int kBytes = kTotalsBytes + 4 * 8;
-  static_assert(kStrideBytes % 16 == 0 && kWeightsBytes % 16 == 0 && L::kWarps % 4 == 0,
-                "16-byte aligned blocks and weights (float2 rows, float4 weights)");
-};
-
 // The chunks' exact log-sum-exp merge (the CPU reference's formula, in log2
 // units): out[row][qh] = sum_c 2^(lse_c - M) o_c / sum_c 2^(lse_c - M).
 // One pass over the chunks in order 0, 1, ... with a running maximum: a
@@ -643,55 +616,41 @@ constexpr int kMaxClusterChunks = 8;
 // the log-sum-exps [kDeviceMaxGroup]): the merge kernel's arithmetic, with
 // the partials read through distributed shared memory instead of global
 // memory. Each query head of the group is merged by one warp of one CTA
-// (head = rank + ranks * warp), which then un-rotates it by the signs
-// (lane_signs: V's, loaded by the caller while its warps merged; unused
-// without v_signs) and stores it, so the bits are the merge kernel's. Every
-// CTA of the cluster calls this, those whose chunk is past their row's end
-// too: they take part in both cluster barriers and may own a head.
+// (head = rank + ranks * warp), which then un-rotates it by the signs and
+// stores it, so the bits are the merge kernel's. Every CTA of the cluster
+// calls this, those whose chunk is past their row's end too: they take
+// part in both cluster barriers and may own a head.
 template <int D>
-__device__ void merge_in_cluster(const AttnArgs& a, int r, int h, int64_t len, float* results, int warps,
-                                 const float (&lane_signs)[D / 32]) {
+__device__ void merge_in_cluster(const AttnArgs& a, int r, int h, int64_t len, float* results, int warps) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
-  const int n_chunks = chunks_of_row(a, len);  // before the barrier: nothing to wait for
   cluster.sync();  // every chunk's result is in its CTA's shared memory
   const int ranks = static_cast<int>(cluster.num_blocks()), rank = static_cast<int>(cluster.block_rank());
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const float* lse_of = results + kDeviceMaxGroup * D;
-  // The second barrier keeps every CTA alive while another reads its shared
-  // memory. A warp arrives at it as soon as its last remote read has
-  // returned, and un-rotates and stores its head while the others arrive
-  // (per-CTA timer stamps at batch 8 / 32k: 0.5 us from the heads' stores
-  // to the end of a barrier taken after them).
-  bool arrived = false;
+  const int n_chunks = chunks_of_row(a, len);
+  float* lse_of = results + kDeviceMaxGroup * D;
+  float lane_signs[D / 32];
+  if (a.v_signs != nullptr) load_lane_signs<D>(a.v_signs, lane_signs);
   for (int head = rank + ranks * warp; head < a.group; head += ranks * warps) {
-    // Every chunk's log-sum-exp and outputs in one round trip, only the
-    // row's own chunks (merge_chunks masks the slots past them). Loaded one
-    // chunk after another (a loop that stopped at the last chunk), this
-    // took 1.3-1.5 us of a batch-1 / 1k call (timer stamps).
+    // Every rank's log-sum-exp and outputs in one round trip: ranks past
+    // the row's last chunk read that chunk again (merge_chunks masks them).
+    // Loaded one chunk after another (a loop that stopped at the last
+    // chunk), this took 1.3-1.5 us of a batch-1 / 1k call (timer stamps).
     float v[D / 32];
     merge_chunks<D / 32, kMaxClusterChunks>(
         n_chunks,
         [&](int, float (&lse)[kMaxClusterChunks], float (&x)[kMaxClusterChunks][D / 32]) {
 #pragma unroll
           for (int u = 0; u < kMaxClusterChunks; ++u) {
-            lse[u] = -INFINITY;
+            const int from = min(u, n_chunks - 1);
+            lse[u] = *cluster.map_shared_rank(lse_of + head, from);
+            const float* remote = cluster.map_shared_rank(results + head * D, from);
 #pragma unroll
-            for (int k = 0; k < D / 32; ++k) x[u][k] = 0.0f;
-            if (u < n_chunks) {
-              lse[u] = *cluster.map_shared_rank(lse_of + head, u);
-              const float* remote = cluster.map_shared_rank(results + head * D, u);
-#pragma unroll
-              for (int k = 0; k < D / 32; ++k) x[u][k] = remote[lane + 32 * k];
-            }
+            for (int k = 0; k < D / 32; ++k) x[u][k] = remote[lane + 32 * k];
           }
         },
         v);
-    if (head + ranks * warps >= a.group) {  // the warp's last head (warp-uniform)
-      cuda::cluster_arrive_release();
-      arrived = true;
-    }
     if (a.v_signs != nullptr) hadamard_unrotate_warp<D>(v, lane_signs);
     const int64_t out_base = (static_cast<int64_t>(r) * a.num_q_heads + h * a.group + head) * D;
 #pragma unroll
@@ -700,8 +659,7 @@ __device__ void merge_in_cluster(const AttnArgs& a, int r, int h, int64_t len, f
       else a.out[out_base + lane + 32 * k] = v[k];
     }
   }
-  if (!arrived) cuda::cluster_arrive_release();
-  cuda::cluster_wait_acquire();  // no CTA exits while another reads its shared memory
+  cluster.sync();  // no CTA exits while another reads its shared memory
 #endif
 }
 
@@ -748,12 +706,6 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32, Til
   const int first_page = first / tiles_per_page;
   const int row_entry0 = table_row * static_cast<int>(a.table_stride);
   int issue_page = a.tables[row_entry0 + min(first_page, static_cast<int>(a.table_stride) - 1)];
-  // The page of the warp's second tile too: requested by the first issue
-  // below (whose load of it is then dead), it was one more round trip before
-  // the second (a warp's tiles are kWarps tiles apart: on another page at
-  // 128-token pages).
-  const int second_page =
-      a.tables[row_entry0 + min((first + kWarps) / tiles_per_page, static_cast<int>(a.table_stride) - 1)];
   // Queries rotated in this CTA and no append (issue_early below is then
   // false: nothing of the cache is read before the wait): the wait comes
   // first, and the queries are requested right after it, while the length
@@ -780,11 +732,9 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32, Til
     }
   };
   uint32_t* lut_fill = reinterpret_cast<uint32_t*>(smem);
-  const float k_centroid = quantized(KF) ? lane_centroid(KF, a.k_centroids) : 0.0f;  // constant: before any wait
-  const float v_centroid = quantized(VF) && VF != KF ? lane_centroid(VF, a.v_centroids) : 0.0f;
   auto fill_tables = [&] {
-    if (quantized(KF)) fill_lut<kRowWords>(lut_fill, KF, k_centroid);
-    if (quantized(VF) && VF != KF) fill_lut<kRowWords>(lut_fill + lut_entries(KF) * kRowWords, VF, v_centroid);
+    if (quantized(KF)) fill_lut<kRowWords>(lut_fill, KF, a.k_centroids);
+    if (quantized(VF) && VF != KF) fill_lut<kRowWords>(lut_fill + lut_entries(KF) * kRowWords, VF, a.v_centroids);
   };
   if (wait_at_entry) {  // the tables are filled while the queries are on their way
     cuda::pdl_wait();
@@ -795,10 +745,8 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32, Til
   if (t0 >= code_len) {  // this row has fewer chunks; the merge reads only its own
     if (a.cluster_merge) {
       cuda::pdl_launch_dependents();
-      float v_signs[D / 32];
-      if (a.v_signs != nullptr) load_lane_signs<D>(a.v_signs, v_signs);
       cuda::pdl_wait();  // before its stores of the output
-      merge_in_cluster<D>(a, r, h, len, reinterpret_cast<float*>(stages + a.cluster_result_offset), kWarps, v_signs);
+      merge_in_cluster<D>(a, r, h, len, reinterpret_cast<float*>(stages + a.cluster_result_offset), kWarps);
     } else if (a.window > 0) {
       // With a window every row may be shorter than it (the first tokens of
       // a sequence): then every CTA exits here, and the grid must still
@@ -900,7 +848,6 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32, Til
 #pragma unroll
     for (int i = 0; i < S - 1; ++i) {
       if (i < n_my) issue();
-      if (i == 0) issue_page = second_page;
       cp_async_commit();
     }
   }
@@ -959,7 +906,6 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32, Til
 #pragma unroll
     for (int i = 0; i < S - 1; ++i) {
       if (i < n_my) issue();
-      if (i == 0) issue_page = second_page;
       cp_async_commit();
     }
   }
@@ -1081,114 +1027,75 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32, Til
   // Qwen3-14B's batch 1 / 3 / 4 steps ran 0.7-1.3% faster, batch 2 within
   // its spread (docs/engine.md, v29).
   if (!a.cluster_merge) cuda::pdl_launch_dependents();
-  // V's signs for merge_in_cluster, requested now: their round trip (the
-  // pool's stream may have pushed them out of L2) overlaps the warps' merge
-  // instead of following the cluster's barrier.
-  float v_signs[D / 32];
-  if (a.cluster_merge && a.v_signs != nullptr) load_lane_signs<D>(a.v_signs, v_signs);
+  __syncthreads();
 
-  // Merge the warps' states. Each warp's block (WarpMergeLayout): its head
-  // rows in the padded layout of merge_slot, then its m and l.
-  using ML = WarpMergeLayout<L, D>;
-  auto merge_block = [&](int w) { return reinterpret_cast<float*>(stages + w * ML::kStrideBytes); };
+  // Merge the warps' states: [warp][8 heads][kMergeRow<D>] outputs (the
+  // padded layout of merge_slot), then m and l.
+  float* mo = reinterpret_cast<float*>(stages);
+  float* mm = mo + kWarps * 8 * kMergeRow<D>;
+  float* ml = mm + kWarps * 8;
 #pragma unroll
   for (int off = 4; off < 32; off *= 2) {
     l0 += __shfl_xor_sync(0xffffffffu, l0, off);
     l1 += __shfl_xor_sync(0xffffffffu, l1, off);
   }
-  if constexpr (!ML::kInOwnStages) __syncthreads();  // the blocks overlap other warps' stages
-  {
-    float* block = merge_block(warp);
-    if (g == 0) {
-      block[ML::kMaxOffset + 2 * c] = m0, block[ML::kSumOffset + 2 * c] = l0;
-      block[ML::kMaxOffset + 2 * c + 1] = m1, block[ML::kSumOffset + 2 * c + 1] = l1;
-    }
+  if (g == 0) {
+    mm[warp * 8 + 2 * c] = m0, ml[warp * 8 + 2 * c] = l0;
+    mm[warp * 8 + 2 * c + 1] = m1, ml[warp * 8 + 2 * c + 1] = l1;
+  }
+  float* base = mo + warp * 8 * kMergeRow<D>;
 #pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) {
-      const int x = merge_slot((D / 8) * g + 2 * mt);  // even: x + 1 is coordinate + 1
-      *reinterpret_cast<float2*>(block + (2 * c) * kMergeRow<D> + x) = make_float2(o[mt][0], o[mt][2]);
-      *reinterpret_cast<float2*>(block + (2 * c + 1) * kMergeRow<D> + x) = make_float2(o[mt][1], o[mt][3]);
-    }
+  for (int mt = 0; mt < kMTiles; ++mt) {
+    const int x = merge_slot((D / 8) * g + 2 * mt);  // even: x + 1 is coordinate + 1
+    *reinterpret_cast<float2*>(base + (2 * c) * kMergeRow<D> + x) = make_float2(o[mt][0], o[mt][2]);
+    *reinterpret_cast<float2*>(base + (2 * c + 1) * kMergeRow<D> + x) = make_float2(o[mt][1], o[mt][3]);
   }
   __syncthreads();
-  // Per head (one warp each, lane w holding warp w's state): the maximum M
-  // of the warps' running maxima, each warp's weight exp2(m_w - M) (0 for a
-  // warp without tiles, whose m is -inf), the total of the weighted sums
-  // (a fixed tree over the lanes) and the chunk's log-sum-exp. Every output
-  // element then needs only its warps' weighted sum. Computed per element,
-  // the maximum and the weights made this merge 1.4-1.9 us of a batch-1
-  // step's attention (per-CTA timer stamps); then one thread per head
-  // walked the warps, with shared-memory loads that could not pass its own
-  // stores (v35: 1.8 us from the loops' end to the merged outputs at batch
-  // 1 and 8 / 32k).
+  // Per head (one thread each): the maximum of the warps' running maxima,
+  // each warp's weight exp2(m_w - M) in place of m_w (-1 for a warp without
+  // tiles), the total in place of warp 0's l, and the chunk's log-sum-exp.
+  // Every output element then needs only its warps' weighted sum: computed
+  // per element, the maximum and the weights made this merge 1.4-1.9 us of
+  // a batch-1 step's attention (per-CTA timer stamps). Same
+  // arithmetic, same order: the same bits.
   const int64_t row_head0 = static_cast<int64_t>(r) * a.num_q_heads + h * a.group;
-  float* results = reinterpret_cast<float*>(stages + a.cluster_result_offset);
-  float* weights = reinterpret_cast<float*>(stages + ML::kWeightsBytes);
-  float* totals = reinterpret_cast<float*>(stages + ML::kTotalsBytes);
-  for (int head = warp; head < a.group; head += kWarps) {
-    const float mw = lane < kWarps ? merge_block(lane)[ML::kMaxOffset + head] : -INFINITY;
-    const float lw = lane < kWarps ? merge_block(lane)[ML::kSumOffset + head] : 0.0f;
-    float M = mw;
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, off));
-    // Finite: warp 0 has this chunk's first tile.
-    const float f = exp2f(mw - M);
-    float total = f * lw;
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) total += __shfl_xor_sync(0xffffffffu, total, off);
-    if (lane < kWarps) weights[head * kWarps + lane] = f;
-    if (lane == 0) {
-      totals[head] = total;
-      const float lse = M + log2f(total);
-      if (a.cluster_merge) results[kDeviceMaxGroup * D + head] = lse;
-      else a.part_lse[(row_head0 + head) * a.max_splits + split] = lse;
+  if (threadIdx.x < a.group) {
+    const int head = threadIdx.x;
+    float M = -INFINITY;
+    for (int w2 = 0; w2 < kWarps; ++w2) M = fmaxf(M, mm[w2 * 8 + head]);
+    float total = 0.0f;
+    for (int w2 = 0; w2 < kWarps; ++w2) {
+      const float mw = mm[w2 * 8 + head];
+      if (mw == -INFINITY) {  // a warp without tiles
+        mm[w2 * 8 + head] = -1.0f;
+        continue;
+      }
+      const float f = exp2f(mw - M);
+      total += f * ml[w2 * 8 + head];
+      mm[w2 * 8 + head] = f;
     }
+    ml[head] = total;
+    const float lse = M + log2f(total);
+    if (a.cluster_merge)
+      reinterpret_cast<float*>(stages + a.cluster_result_offset)[kDeviceMaxGroup * D + head] = lse;
+    else
+      a.part_lse[(row_head0 + head) * a.max_splits + split] = lse;
   }
   __syncthreads();
-  // The outputs, two adjacent coordinates per thread (a float2 of a head
-  // row: merge_slot keeps even coordinates' pairs together), kSumRounds
-  // rounds whose loads are all issued before the first store; a warp past
-  // the group's last pair skips its round. The first version took one
-  // coordinate and 16 scalar weights per thread: 64 shared-memory loads per
-  // thread over two rounds at batch 1 and 8 / 32k, 1400 cycles of a 16-warp
-  // CTA (v36 cycle stamps), where the shared memory's wavefronts are the
-  // limit.
-  constexpr int kPairs = kDeviceMaxGroup * D / 2;
-  constexpr int kSumRounds = (kPairs + kThreads - 1) / kThreads;
-  const int n_pairs = a.group * D / 2;
-  float2 sums[kSumRounds];
-#pragma unroll
-  for (int k = 0; k < kSumRounds; ++k) {
-    sums[k] = make_float2(0.0f, 0.0f);
-    const int p = static_cast<int>(threadIdx.x) + k * kThreads;
-    if (p - lane >= n_pairs) continue;  // the whole warp is past the last pair
-    const int pc = min(p, n_pairs - 1), head = pc / (D / 2), j = 2 * (pc % (D / 2));
-    float f[kWarps];
-#pragma unroll
-    for (int w4 = 0; w4 < kWarps; w4 += 4) {
-      const float4 q = *reinterpret_cast<const float4*>(weights + head * kWarps + w4);
-      f[w4] = q.x, f[w4 + 1] = q.y, f[w4 + 2] = q.z, f[w4 + 3] = q.w;
-    }
-    float acc0 = 0.0f, acc1 = 0.0f;
-#pragma unroll
+  for (int t = threadIdx.x; t < a.group * D; t += kThreads) {
+    const int head = t / D, j = t % D;
+    float acc = 0.0f;
     for (int w2 = 0; w2 < kWarps; ++w2) {
-      const float2 v = *reinterpret_cast<const float2*>(merge_block(w2) + head * kMergeRow<D> + merge_slot(j));
-      acc0 += f[w2] * v.x;
-      acc1 += f[w2] * v.y;
+      const float f = mm[w2 * 8 + head];
+      if (f < 0.0f) continue;  // a warp without tiles
+      acc += f * mo[(w2 * 8 + head) * kMergeRow<D> + merge_slot(j)];
     }
-    const float total = totals[head];
-    sums[k] = make_float2(acc0 / total, acc1 / total);
+    const float out = acc / ml[head];
+    if (a.cluster_merge) reinterpret_cast<float*>(stages + a.cluster_result_offset)[head * D + j] = out;
+    else a.part_out[((row_head0 + head) * a.max_splits + split) * D + j] = out;
   }
-#pragma unroll
-  for (int k = 0; k < kSumRounds; ++k) {
-    const int p = static_cast<int>(threadIdx.x) + k * kThreads;
-    if (p >= n_pairs) break;
-    const int t = 2 * p;  // head * D + j
-    if (a.cluster_merge) *reinterpret_cast<float2*>(results + t) = sums[k];
-    else
-      *reinterpret_cast<float2*>(a.part_out + ((row_head0 + t / D) * a.max_splits + split) * D + t % D) = sums[k];
-  }
-  if (a.cluster_merge) merge_in_cluster<D>(a, r, h, len, results, kWarps, v_signs);
+  if (a.cluster_merge)
+    merge_in_cluster<D>(a, r, h, len, reinterpret_cast<float*>(stages + a.cluster_result_offset), kWarps);
 }
 
 // The dense D x D products of the two small kernels (q @ M, o @ M^T) are
@@ -1281,7 +1188,6 @@ __global__ void __launch_bounds__(32 * kMergeWarps) merge_heads_kernel(AttnArgs 
   int table_row;
   int64_t len;
   row_of(a, r, table_row, len);
-  const int n_chunks = chunks_of_row(a, len);  // arithmetic that needs no wait
   cuda::pdl_wait();
   // The next kernel (the engine's o projection, a W4A16 GEMM) is launched
   // now and requests its first weights while this one merges: without the
@@ -1292,6 +1198,7 @@ __global__ void __launch_bounds__(32 * kMergeWarps) merge_heads_kernel(AttnArgs 
   const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
   const int qh = blockIdx.y * kMergeWarps + warp;
   if (qh >= a.num_q_heads) return;
+  const int n_chunks = chunks_of_row(a, len);
   const int64_t head = static_cast<int64_t>(r) * a.num_q_heads + qh;
   constexpr int kVec = D / 32;
   float (*so)[D] = staged_out[warp];
@@ -1341,11 +1248,11 @@ __global__ void __launch_bounds__(kRotThreads<D>) merge_haar_kernel(AttnArgs a, 
   int table_row;
   int64_t len;
   row_of(a, r, table_row, len);  // before the wait, as in merge_heads_kernel
-  const int n_chunks = chunks_of_row(a, len);
   cuda::pdl_wait();
   cuda::pdl_launch_dependents();  // as in merge_heads_kernel
   __shared__ float ys[kDeviceMaxGroup][D];
   __shared__ float red[4][kDeviceMaxGroup][D];
+  const int n_chunks = chunks_of_row(a, len);
   constexpr int kItems = kDeviceMaxGroup * D / kRotThreads<D>;
   const int64_t head0 = static_cast<int64_t>(r) * a.num_q_heads + h * a.group;
 #pragma unroll
@@ -1552,8 +1459,8 @@ template <int KF, int VF, bool kWide, int D>
 AttendLaunch attend_launch(const AttnArgs& a) {
   using L = TileLayout<KF, VF, kWide, D>;
   const int lut_bytes = 4 * L::kRowWords * (lut_entries(KF) + (VF == KF ? 0 : lut_entries(VF)));
-  // The epilogue's region: the warps' merge blocks (WarpMergeLayout).
-  const int merge_bytes = WarpMergeLayout<L, D>::kBytes;
+  // The epilogue's region: the warps' outputs, then their m and l.
+  const int merge_bytes = 4 * (L::kWarps * 8 * kMergeRow<D> + 2 * L::kWarps * 8);
   // With cluster_merge, the chunk's result after those (merge_in_cluster).
   const int cluster_bytes = a.cluster_merge ? 4 * kDeviceMaxGroup * (D + 1) : 0;
   AttendLaunch l{a, lut_bytes + std::max(L::kWarps * L::kStages * L::kStageBytes, merge_bytes + cluster_bytes)};

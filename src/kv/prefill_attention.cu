@@ -136,8 +136,8 @@ __global__ void __maxnreg__(168) tiled_prefill_kernel(TiledPrefillArgs a) {
 
   // The tables depend on the arguments only: filled before the wait.
   uint32_t* lut = reinterpret_cast<uint32_t*>(smem);
-  if constexpr (quantized(KF)) fill_lut<32>(lut, KF, lane_centroid(KF, a.k_centroids));
-  if constexpr (quantized(VF) && VF != KF) fill_lut<32>(lut + 32 * lut_entries(KF), VF, lane_centroid(VF, a.v_centroids));
+  if constexpr (quantized(KF)) fill_lut<32>(lut, KF, a.k_centroids);
+  if constexpr (quantized(VF) && VF != KF) fill_lut<32>(lut + 32 * lut_entries(KF), VF, a.v_centroids);
   float lane_signs[D / 32];
   if (a.q_signs != nullptr) load_lane_signs<D>(a.q_signs, lane_signs);
   cuda::pdl_wait();  // q and the block's K/V come from the kernels before

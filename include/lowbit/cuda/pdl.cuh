@@ -43,21 +43,6 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
-// The two halves of a cluster barrier (cluster.sync() is both at once): a
-// thread arrives once its own accesses to other CTAs' shared memory are done
-// (release: they are performed before the arrival is seen), does other work,
-// and waits for every thread of the cluster only when it must.
-__device__ __forceinline__ void cluster_arrive_release() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void cluster_wait_acquire() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-#endif
-}
-
 // Whether launches on the current device use PDL: compute capability 9.0 or
 // later, and LOWBIT_PDL is not "0". Cached per device.
 bool pdl_enabled();
