@@ -9,13 +9,15 @@ flush of L2). Rows:
 s are %globaltimer stamps (one clock for all SMs, but in 256 ns steps on an
 H200); c and n (since v36) the same stamps in the SM's %clock64 cycles since
 the CTA's first stamp: exact durations inside a CTA, printed per phase in
-cycles and in us at CLOCK_MHZ (default 1980).
+cycles and in us at the call's SM clock (measured from the loops when they
+last over 5 us, else CLOCK_MHZ, default 1980).
 attend stamps: 0 entry, 1 after the wait for the previous kernel, 2 loop start
-(tables filled, queries staged), 3 all warps' loops done and their states
-stored (since v36 the warps store before that barrier), 30 the head weights
-done, 4 warps' merge done,
-5-7 the cluster merge (after its first barrier, heads done, after its second
-barrier; 31 since v36: warp 0's chunks loaded and merged), 8+w warp w's loop end. merge stamps: entry, after the wait, merged
+(tables filled, queries staged), 3 all warps' loops done (after the barrier
+that follows them; the warps' states are stored after it), 30 (since v36)
+the head weights done, 4 warps' merge done, 5-7 the cluster merge (after its
+first barrier, heads done, after its second barrier), 31 (since v36) warp
+0's cluster chunks loaded and merged, 8+w warp w's loop end. 24-29: the
+prologue (names below). merge stamps: entry, after the wait, merged
 (before the un-rotation and the stores). -1: not stamped.
 
 Usage: analyze_attention_stamps.py FILE [CLOCK_MHZ]
@@ -35,7 +37,7 @@ ATTEND = {0: "entry", 24: "length known", 25: "tables filled", 1: "after wait",
 MERGE = ["entry", "after wait", "merged"]
 # (from slot, to slot, name): durations inside one CTA, from the cycle stamps
 PHASES = [(0, 1, "entry -> after wait"), (1, 2, "after wait -> loop start"), (2, 3, "loop start -> all warps done"),
-          (3, 30, "head weights"), (30, 4, "output sums and stores"), (4, 5, "wait at cluster barrier 1"),
+          (3, 30, "states stored, head weights"), (30, 4, "output sums and stores"), (4, 5, "wait at cluster barrier 1"),
           (5, 31, "cluster chunks loaded, merged"), (31, 6, "cluster un-rotation, stores"), (6, 7, "cluster barrier 2")]
 MERGE_PHASES = [(0, 1, "wait"), (1, 2, "merge")]
 
@@ -72,6 +74,15 @@ def main(path, mhz=1980.0):
             ends = [s[8 + w] for s in stamps for w in range(16)]
             print("   %-20s %s" % ("warps' loop ends", spread(ends)))
             if len(stamps[0]) >= 64:
+                # The SM clock of this call, from each CTA's loop (cycles over
+                # globaltimer us; long enough that the timer's 256 ns steps do
+                # not matter): under a DRAM stream the H200 ran at ~1.7 GHz,
+                # not its 1.98 GHz boost.
+                rates = [(s[32 + 3] - s[32 + 2]) / (s[3] - s[2]) for s in stamps
+                         if s[2] >= 0 and s[3] - s[2] > 5.0 and s[32 + 2] >= 0 and s[32 + 3] >= 0]
+                if rates:
+                    mhz = statistics.median(rates)
+                    print("   %-28s %7.0f MHz (loop cycles / loop us)" % ("SM clock", mhz))
                 for a, b, name in PHASES:
                     print("   %-28s %s" % (name, cycles([s[32 + b] - s[32 + a] for s in stamps
                                                              if s[32 + a] >= 0 and s[32 + b] >= 0], mhz)))
