@@ -57,8 +57,9 @@ def spread(values):
     return "%6.1f-%6.1f (median %6.1f)" % (min(values), max(values), statistics.median(values))
 
 
-def main(path, mhz=1980.0):
+def main(path, default_mhz=1980.0):
     groups = collections.defaultdict(list)
+    clock = {}  # (impl, batch, context, split, call) -> the SM clock measured from its attend loops
     with open(path) as f:
         for line in f:
             r = line.strip().split(",")
@@ -66,6 +67,7 @@ def main(path, mhz=1980.0):
     for key in sorted(groups, key=lambda k: (k[1], k[2], k[3], k[4], k[5], k[0])):
         kind, impl, batch, context, split, call = key
         stamps = groups[key]
+        mhz = clock.get(key[1:], default_mhz)
         print("%s batch %d context %d split %d call %d: %s, %d CTAs" %
               (impl, batch, context, split, call, "attend" if kind == "A" else "merge", len(stamps)))
         if kind == "A":
@@ -81,7 +83,7 @@ def main(path, mhz=1980.0):
                 rates = [(s[32 + 3] - s[32 + 2]) / (s[3] - s[2]) for s in stamps
                          if s[2] >= 0 and s[3] - s[2] > 5.0 and s[32 + 2] >= 0 and s[32 + 3] >= 0]
                 if rates:
-                    mhz = statistics.median(rates)
+                    mhz = clock[key[1:]] = statistics.median(rates)
                     print("   %-28s %7.0f MHz (loop cycles / loop us)" % ("SM clock", mhz))
                 for a, b, name in PHASES:
                     print("   %-28s %s" % (name, cycles([s[32 + b] - s[32 + a] for s in stamps
