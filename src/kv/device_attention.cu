@@ -181,8 +181,10 @@ __device__ __forceinline__ int64_t code_length(const AttnArgs& a, int64_t len) {
 // The chunks the merge combines for a row of length len: its code chunks,
 // then the window's (always at least one token: the query's own).
 __device__ __forceinline__ int chunks_of_row(const AttnArgs& a, int64_t len) {
-  const int64_t code = code_length(a, len);
-  return static_cast<int>((code + a.split_tokens - 1) / a.split_tokens) + (a.window > 0 ? 1 : 0);
+  // 32-bit (lengths and chunk lengths < 2^31, the host checks): the 64-bit
+  // division was a call to a software routine on the merges' path.
+  const uint32_t code = static_cast<uint32_t>(code_length(a, len)), split = static_cast<uint32_t>(a.split_tokens);
+  return static_cast<int>((code + split - 1u) / split) + (a.window > 0 ? 1 : 0);
 }
 
 __device__ __forceinline__ uint32_t byte_of(uint32_t w, int k) { return (w >> (8 * k)) & 0xffu; }
@@ -632,6 +634,13 @@ __device__ void merge_in_cluster(const AttnArgs& a, int r, int h, int64_t len, f
   float* lse_of = results + kDeviceMaxGroup * D;
   float lane_signs[D / 32];
   if (a.v_signs != nullptr) load_lane_signs<D>(a.v_signs, lane_signs);
+  // The second barrier keeps every CTA alive while another reads its shared
+  // memory. A cluster barrier's arrive with release semantics is a
+  // MEMBAR.ALL.GPU first (SASS), which waits for the CTA's outstanding global
+  // stores: after the output stores it took 1057 cycles at batch 8 / 32k (v36
+  // cycle stamps). A warp arrives once its last remote read has returned,
+  // before its stores, and waits at exit.
+  bool arrived = false;
   for (int head = rank + ranks * warp; head < a.group; head += ranks * warps) {
     // Every rank's log-sum-exp and outputs in one round trip: ranks past
     // the row's last chunk read that chunk again (merge_chunks masks them).
@@ -643,14 +652,22 @@ __device__ void merge_in_cluster(const AttnArgs& a, int r, int h, int64_t len, f
         [&](int, float (&lse)[kMaxClusterChunks], float (&x)[kMaxClusterChunks][D / 32]) {
 #pragma unroll
           for (int u = 0; u < kMaxClusterChunks; ++u) {
+            // Only the row's chunks are read (merge_chunks masks the rest):
+            // with two chunks, 40 loads per lane through distributed shared
+            // memory were 10 of the row's and 30 copies.
+            const bool in = u < n_chunks;
             const int from = min(u, n_chunks - 1);
-            lse[u] = *cluster.map_shared_rank(lse_of + head, from);
+            lse[u] = in ? *cluster.map_shared_rank(lse_of + head, from) : -INFINITY;
             const float* remote = cluster.map_shared_rank(results + head * D, from);
 #pragma unroll
-            for (int k = 0; k < D / 32; ++k) x[u][k] = remote[lane + 32 * k];
+            for (int k = 0; k < D / 32; ++k) x[u][k] = in ? remote[lane + 32 * k] : 0.0f;
           }
         },
         v);
+    if (head + ranks * warps >= a.group) {  // the warp's last head (warp-uniform)
+      asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+      arrived = true;
+    }
     if (a.v_signs != nullptr) hadamard_unrotate_warp<D>(v, lane_signs);
     const int64_t out_base = (static_cast<int64_t>(r) * a.num_q_heads + h * a.group + head) * D;
 #pragma unroll
@@ -659,7 +676,8 @@ __device__ void merge_in_cluster(const AttnArgs& a, int r, int h, int64_t len, f
       else a.out[out_base + lane + 32 * k] = v[k];
     }
   }
-  cluster.sync();  // no CTA exits while another reads its shared memory
+  if (!arrived) asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");  // no CTA exits while another reads its shared memory
 #endif
 }
 
@@ -670,7 +688,16 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32, Til
   constexpr int KR = L::KR, VR = L::VR, S = L::kStages, kWarps = L::kWarps, kThreads = 32 * kWarps;
   extern __shared__ float4 smem_f4[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(smem_f4);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // The thread index through an opaque read: from threadIdx.x, the compiler
+  // rebuilt lane- and warp-derived addresses inside the K/V loop at every
+  // tile (v36: a change in the kernel's tail moved the tq4 loop from 374 to
+  // 400 SASS instructions that way). Behind a volatile asm the index is a
+  // value it cannot re-read, so it keeps what it derives from it: the tq4
+  // wide loop 371 -> 363 instructions, our FP16 kernel's 345 -> 327, the
+  // tq4 8-warp loop 464 -> 427 (tools/sass/kernel_loops.py).
+  uint32_t tid_x;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid_x));
+  const int warp = static_cast<int>(tid_x / 32), lane = static_cast<int>(tid_x % 32);
   // Each lane reads its own copy of the tables: entry e at word
   // e * kRowWords + lane.
   constexpr int kRowWords = L::kRowWords;
@@ -1051,16 +1078,50 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32, Til
     *reinterpret_cast<float2*>(base + (2 * c + 1) * kMergeRow<D> + x) = make_float2(o[mt][1], o[mt][3]);
   }
   __syncthreads();
-  // Per head (one thread each): the maximum of the warps' running maxima,
-  // each warp's weight exp2(m_w - M) in place of m_w (-1 for a warp without
-  // tiles), the total in place of warp 0's l, and the chunk's log-sum-exp.
-  // Every output element then needs only its warps' weighted sum: computed
-  // per element, the maximum and the weights made this merge 1.4-1.9 us of
-  // a batch-1 step's attention (per-CTA timer stamps). Same
-  // arithmetic, same order: the same bits.
+  // Per head: the maximum of the warps' running maxima, each warp's weight
+  // exp2(m_w - M) in place of m_w (-1 for a warp without tiles), the total
+  // in place of warp 0's l, and the chunk's log-sum-exp. Every output element
+  // then needs only its warps' weighted sum: computed per element, the
+  // maximum and the weights made this merge 1.4-1.9 us of a batch-1 step's
+  // attention (per-CTA timer stamps). The order of each sum is fixed, so
+  // every path that merges a layout's chunks gets the same bits.
   const int64_t row_head0 = static_cast<int64_t>(r) * a.num_q_heads + h * a.group;
-  if (threadIdx.x < a.group) {
-    const int head = threadIdx.x;
+  // A second opaque read for the tail: with the loop's lane and warp used
+  // here, the tq4 wide loop took 392 instructions instead of 363.
+  uint32_t tail_tid;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tail_tid));
+  auto store_lse = [&](int head, float lse) {
+    if (a.cluster_merge)
+      reinterpret_cast<float*>(stages + a.cluster_result_offset)[kDeviceMaxGroup * D + head] = lse;
+    else
+      a.part_lse[(row_head0 + head) * a.max_splits + split] = lse;
+  };
+  if constexpr (kWarps >= 8) {
+    // One warp per head, lane w holding warp w's state, reduced by a
+    // butterfly over the kWarps lanes. One thread per head walking 16 warps
+    // took ~1650 cycles with the states' stores and barrier (v36 cycle
+    // stamps). The 4-warp layouts keep that walk: their 5 heads would take
+    // two rounds of butterflies (our FP16 kernel 0.5 us slower at batch 1 /
+    // 4k).
+    for (int head = static_cast<int>(tail_tid / 32); head < a.group; head += kWarps) {
+      const int lane = static_cast<int>(tail_tid % 32);
+      const float mw = lane < kWarps ? mm[lane * 8 + head] : -INFINITY;
+      float M = mw;
+#pragma unroll
+      for (int off = kWarps / 2; off > 0; off /= 2) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, off));
+      const bool has_tiles = mw != -INFINITY;
+      const float f = has_tiles ? exp2f(mw - M) : 0.0f;
+      float total = has_tiles ? f * ml[lane * 8 + head] : 0.0f;
+#pragma unroll
+      for (int off = kWarps / 2; off > 0; off /= 2) total += __shfl_xor_sync(0xffffffffu, total, off);
+      if (lane < kWarps) mm[lane * 8 + head] = has_tiles ? f : -1.0f;
+      if (lane == 0) {
+        ml[head] = total;
+        store_lse(head, M + log2f(total));
+      }
+    }
+  } else if (tail_tid < static_cast<uint32_t>(a.group)) {
+    const int head = static_cast<int>(tail_tid);
     float M = -INFINITY;
     for (int w2 = 0; w2 < kWarps; ++w2) M = fmaxf(M, mm[w2 * 8 + head]);
     float total = 0.0f;
@@ -1075,24 +1136,30 @@ __global__ void __launch_bounds__(TileLayout<KF, VF, kWide, D>::kWarps * 32, Til
       mm[w2 * 8 + head] = f;
     }
     ml[head] = total;
-    const float lse = M + log2f(total);
-    if (a.cluster_merge)
-      reinterpret_cast<float*>(stages + a.cluster_result_offset)[kDeviceMaxGroup * D + head] = lse;
-    else
-      a.part_lse[(row_head0 + head) * a.max_splits + split] = lse;
+    store_lse(head, M + log2f(total));
   }
   __syncthreads();
-  for (int t = threadIdx.x; t < a.group * D; t += kThreads) {
-    const int head = t / D, j = t % D;
-    float acc = 0.0f;
+  // Two adjacent coordinates per thread (merge_slot keeps an even
+  // coordinate's pair adjacent): the group's 640 outputs at d = 128 in one
+  // round of the CTA's 512 threads instead of two. Each element's sum over
+  // the warps is in the same order as one element per thread: the same bits.
+  for (int t = static_cast<int>(tail_tid); t < a.group * (D / 2); t += kThreads) {
+    const int head = t / (D / 2), j = 2 * (t % (D / 2));
+    float2 acc = make_float2(0.0f, 0.0f);
+#pragma unroll
     for (int w2 = 0; w2 < kWarps; ++w2) {
       const float f = mm[w2 * 8 + head];
       if (f < 0.0f) continue;  // a warp without tiles
-      acc += f * mo[(w2 * 8 + head) * kMergeRow<D> + merge_slot(j)];
+      const float2 o2 = *reinterpret_cast<const float2*>(mo + (w2 * 8 + head) * kMergeRow<D> + merge_slot(j));
+      acc.x += f * o2.x;
+      acc.y += f * o2.y;
     }
-    const float out = acc / ml[head];
-    if (a.cluster_merge) reinterpret_cast<float*>(stages + a.cluster_result_offset)[head * D + j] = out;
-    else a.part_out[((row_head0 + head) * a.max_splits + split) * D + j] = out;
+    const float total = ml[head];
+    const float2 out = make_float2(acc.x / total, acc.y / total);
+    if (a.cluster_merge)
+      *reinterpret_cast<float2*>(reinterpret_cast<float*>(stages + a.cluster_result_offset) + head * D + j) = out;
+    else
+      *reinterpret_cast<float2*>(a.part_out + ((row_head0 + head) * a.max_splits + split) * D + j) = out;
   }
   if (a.cluster_merge)
     merge_in_cluster<D>(a, r, h, len, reinterpret_cast<float*>(stages + a.cluster_result_offset), kWarps);
@@ -1188,6 +1255,7 @@ __global__ void __launch_bounds__(32 * kMergeWarps) merge_heads_kernel(AttnArgs 
   int table_row;
   int64_t len;
   row_of(a, r, table_row, len);
+  const int n_chunks = chunks_of_row(a, len);  // before the wait too: a division
   cuda::pdl_wait();
   // The next kernel (the engine's o projection, a W4A16 GEMM) is launched
   // now and requests its first weights while this one merges: without the
@@ -1198,7 +1266,6 @@ __global__ void __launch_bounds__(32 * kMergeWarps) merge_heads_kernel(AttnArgs 
   const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
   const int qh = blockIdx.y * kMergeWarps + warp;
   if (qh >= a.num_q_heads) return;
-  const int n_chunks = chunks_of_row(a, len);
   const int64_t head = static_cast<int64_t>(r) * a.num_q_heads + qh;
   constexpr int kVec = D / 32;
   float (*so)[D] = staged_out[warp];
@@ -1248,11 +1315,11 @@ __global__ void __launch_bounds__(kRotThreads<D>) merge_haar_kernel(AttnArgs a, 
   int table_row;
   int64_t len;
   row_of(a, r, table_row, len);  // before the wait, as in merge_heads_kernel
+  const int n_chunks = chunks_of_row(a, len);
   cuda::pdl_wait();
   cuda::pdl_launch_dependents();  // as in merge_heads_kernel
   __shared__ float ys[kDeviceMaxGroup][D];
   __shared__ float red[4][kDeviceMaxGroup][D];
-  const int n_chunks = chunks_of_row(a, len);
   constexpr int kItems = kDeviceMaxGroup * D / kRotThreads<D>;
   const int64_t head0 = static_cast<int64_t>(r) * a.num_q_heads + h * a.group;
 #pragma unroll
