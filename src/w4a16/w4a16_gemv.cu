@@ -512,7 +512,20 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
   // per-call computation were a third of the loop's instructions.
   const int64_t iter_stride = static_cast<int64_t>(strips) * 32;
   const uint4* next_codes = args.qweight + static_cast<int64_t>(strip) * 32 + lane + i0 * iter_stride;
-  const uint32_t* column_scales = args.scale_zero + col0;
+  // The scale/zero words that the next window's last issue fetches. Windows
+  // map one to one onto groups (64-256 rows: a window is its group's
+  // k-iterations, as fold_shift = log2(group / 64); 32 rows: one iteration,
+  // two groups; per channel: the one group), so the pointer steps by a fixed
+  // amount per window instead of being rebuilt from the iteration with a
+  // shift and a 64-bit multiply at each issue (~14 of the loop's ~100
+  // instructions per two iterations at group 128). The kernel issues at a
+  // near-fixed rate (0.65 per scheduler and cycle in Nsight Compute), so its
+  // time follows its instruction count: the decode step 258 -> 273 tok/s on
+  // an H200 (docs/w4a16-gemm.md, v38).
+  const int64_t scale_step = args.group_shift < 0 ? 0 : static_cast<int64_t>(kTwoGroups ? 2 : 1) * args.N_pad;
+  const uint32_t* next_scales =
+      args.scale_zero + col0 +
+      (args.group_shift < 0 ? 0 : static_cast<int64_t>((i0 * 64) >> args.group_shift) * args.N_pad);
   const uint32_t ring_codes_addr = smem_address(ring_codes + tid);
   const uint32_t ring_scales_addr = smem_address(ring_scales + tid * kScaleWords);
   constexpr uint32_t kCodesSlotBytes = kThreads * 16, kScalesSlotBytes = kThreads * 4 * kScaleWords;
@@ -521,8 +534,8 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
     cp_async16_bypass(ring_codes_addr + slot * kCodesSlotBytes, next_codes);
     next_codes += iter_stride;
     if (ends_window(next_it)) {
-      const int group = args.group_shift < 0 ? 0 : (next_it * 64) >> args.group_shift;
-      const uint32_t* sz = column_scales + static_cast<int64_t>(group) * args.N_pad;
+      const uint32_t* sz = next_scales;
+      next_scales += scale_step;
       const uint32_t dst = ring_scales_addr + slot * kScalesSlotBytes;
       cp_async4(dst, sz);
       cp_async4(dst + 4, sz + 8);
@@ -679,6 +692,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
   const int w0 = i0 >> fold_shift;
   float d[2][4] = {};  // [rows k0.. / k0+32..][D fragment] of the window; one accumulator unless group 32
   int slot = 0;
+  const uint32_t* x_next = xs + x_row * range_max * 32 + t * 8;
   for (int it = i0; it < i1; ++it) {
     if (next_it < i1) issue(slot == 0 ? kDepth - 1 : slot - 1);  // the slot read last iteration
     cp_async_commit();
@@ -687,8 +701,8 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
     const uint32_t* sc = ring_scales + (slot * kThreads + tid) * kScaleWords;
     slot = slot + 1 == kDepth ? 0 : slot + 1;
 
-    const int il = it - i0;
-    const uint4* xv = reinterpret_cast<const uint4*>(xs + (x_row * range_max + il) * 32 + t * 8);
+    const uint4* xv = reinterpret_cast<const uint4*>(x_next);
+    x_next += 32;  // the next iteration's x (a running pointer: no per-iteration address rebuild)
     const uint4 xa = xv[0], xb = xv[1];
     const uint32_t xw[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
     const uint32_t words[4] = {c.x, c.y, c.z, c.w};
@@ -858,7 +872,9 @@ void launch_gemv(const GemvArgs& args, bool bf16, bool float_zero, int device, c
   LOWBIT_REQUIRE(args.split_k >= 1 && args.split_k <= std::max(1, args.iters), "gemv: K split ", args.split_k,
                  " for ", args.iters, " k-iterations");
   const bool two_groups = args.group_shift == 5;  // group 32: two scale groups per 64-row iteration
-  LOWBIT_REQUIRE(args.group_shift < 0 || args.group_shift >= 5, "gemv: group size below 32");
+  // 32-256 rows or per channel: the kernel's scale pointer steps once per fold window, one group each.
+  LOWBIT_REQUIRE(args.group_shift < 0 || (args.group_shift >= 5 && args.group_shift <= 8), "gemv: group size ",
+                 args.group_shift < 0 ? -1 : 1 << args.group_shift, " (32, 64, 128, 256 or per channel)");
   LOWBIT_REQUIRE(args.residual_row_sq == nullptr || (args.x_norm_weight == nullptr && !args.attention_inputs),
                  "gemv: residual_row_sq with x_norm_weight or attention_inputs in one call");
   LOWBIT_REQUIRE(smem_for(args.M, args.iters, args.split_k, two_groups) <= device_limits(device).smem_per_cta,
