@@ -689,12 +689,18 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
   const int row_a = min(2 * t, rows - 1), row_b = min(2 * t + 1, rows - 1);
   const bool single_row = rows == 1;
   constexpr float kBias = kCodeBias<T>;
-  const int w0 = i0 >> fold_shift;
   float d[2][4] = {};  // [rows k0.. / k0+32..][D fragment] of the window; one accumulator unless group 32
   int slot = 0;
   const uint32_t* x_next = xs + x_row * range_max * 32 + t * 8;
+  // The fold windows are consecutive, so their sums advance by one per
+  // window too (the index from the iteration cost 5-7 SASS instructions per
+  // window, v38).
+  const float4* sums_a = window_sums + row_a * range_max;
+  const int sums_b_offset = (row_b - row_a) * range_max;
+  int issue_slot = kDepth - 1;  // the slot read last iteration (a register, not `slot - 1` with a wrap)
   for (int it = i0; it < i1; ++it) {
-    if (next_it < i1) issue(slot == 0 ? kDepth - 1 : slot - 1);  // the slot read last iteration
+    if (next_it < i1) issue(issue_slot);
+    issue_slot = slot;  // read below: the next iteration refills it
     cp_async_commit();
     cp_async_wait<kDepth - 1>();
     const uint4 c = ring_codes[slot * kThreads + tid];
@@ -719,8 +725,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
     // acc[e] += s * (dot - bias * S') + offset * X for the lane's columns and
     // rows; at M = 1 only D column 0 (acc[0], acc[2]) is real, and the fold
     // skips the other row (a uniform branch: fewer instructions per byte).
-    const int w = (it >> fold_shift) - w0;
-    const float4 sa = window_sums[row_a * range_max + w];
+    const float4 sa = *sums_a;
     auto fold = [&](float (&dd)[4], uint32_t w0_word, uint32_t w1_word, float2 a, float2 b) {
       float s0, o0, s1, o1;
       column_scale_offset<T, kFloatZero>(w0_word, s0, o0);
@@ -734,7 +739,8 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
 #pragma unroll
       for (int e = 0; e < 4; ++e) dd[e] = 0.0f;
     };
-    const float4 sb = single_row ? sa : window_sums[row_b * range_max + w];
+    const float4 sb = single_row ? sa : sums_a[sums_b_offset];
+    ++sums_a;
     if constexpr (kTwoGroups) {
       fold(d[0], sc[0], sc[1], make_float2(sa.x, sa.y), make_float2(sb.x, sb.y));
       fold(d[1], sc[2], sc[3], make_float2(sa.z, sa.w), make_float2(sb.z, sb.w));
