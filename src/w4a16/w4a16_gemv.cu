@@ -725,27 +725,32 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
     // acc[e] += s * (dot - bias * S') + offset * X for the lane's columns and
     // rows; at M = 1 only D column 0 (acc[0], acc[2]) is real, and the fold
     // skips the other row (a uniform branch: fewer instructions per byte).
+    // The other row's sums are read inside the fold's multi-row branch: read
+    // before it, their copies and sums were 6-8 instructions per window at
+    // one row too.
     const float4 sa = *sums_a;
-    auto fold = [&](float (&dd)[4], uint32_t w0_word, uint32_t w1_word, float2 a, float2 b) {
+    const float4* sums_b = sums_a + sums_b_offset;
+    ++sums_a;
+    auto fold = [&](float (&dd)[4], uint32_t w0_word, uint32_t w1_word, float2 a, auto b_of_sums) {
       float s0, o0, s1, o1;
       column_scale_offset<T, kFloatZero>(w0_word, s0, o0);
       column_scale_offset<T, kFloatZero>(w1_word, s1, o1);
       acc[0] += s0 * (dd[0] - kBias * a.x) + o0 * a.y;
       acc[2] += s1 * (dd[2] - kBias * a.x) + o1 * a.y;
       if (!single_row) {
+        const float2 b = b_of_sums(*sums_b);
         acc[1] += s0 * (dd[1] - kBias * b.x) + o0 * b.y;
         acc[3] += s1 * (dd[3] - kBias * b.x) + o1 * b.y;
       }
 #pragma unroll
       for (int e = 0; e < 4; ++e) dd[e] = 0.0f;
     };
-    const float4 sb = single_row ? sa : sums_a[sums_b_offset];
-    ++sums_a;
     if constexpr (kTwoGroups) {
-      fold(d[0], sc[0], sc[1], make_float2(sa.x, sa.y), make_float2(sb.x, sb.y));
-      fold(d[1], sc[2], sc[3], make_float2(sa.z, sa.w), make_float2(sb.z, sb.w));
+      fold(d[0], sc[0], sc[1], make_float2(sa.x, sa.y), [](float4 b) { return make_float2(b.x, b.y); });
+      fold(d[1], sc[2], sc[3], make_float2(sa.z, sa.w), [](float4 b) { return make_float2(b.z, b.w); });
     } else {
-      fold(d[0], sc[0], sc[1], make_float2(sa.x + sa.z, sa.y + sa.w), make_float2(sb.x + sb.z, sb.y + sb.w));
+      fold(d[0], sc[0], sc[1], make_float2(sa.x + sa.z, sa.y + sa.w),
+           [](float4 b) { return make_float2(b.x + b.z, b.y + b.w); });
     }
   }
   cp_async_wait<0>();
