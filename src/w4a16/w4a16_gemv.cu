@@ -38,6 +38,16 @@
 //     previous kernel; x, y and the workspace only after. The next kernel is
 //     let launch at the same point when the weights are large (v28), else
 //     after the K loop.
+//   - One-row calls (the decode step at batch 1) run instances built for
+//     one row (kOneRow): no other row's fold, x staged without run-time
+//     divisions, the fused epilogues inlined. The compiler unrolls their
+//     k-loop by two, which also drops the accumulator copies after the mma
+//     chain: ~73 SASS instructions per k-iteration at group 128 against ~86
+//     (v38), and the Qwen3-14B decode step 279 -> 301 tok/s on an H200
+//     (docs/w4a16-gemm.md, v39). Group 32's instances have no one-row copy.
+//   - The ring is walked by running shared addresses (the slot read, the
+//     slot refilled), and a slot's scale words are a fixed map of its codes'
+//     address: no slot index arithmetic per k-iteration.
 //   - No static shared memory: 16-48 bytes of it (a last-CTA flag, the
 //     rows' 1 / rms) ahead of the dynamic region cost a decode step 2.4% and
 //     single calls up to 5% (docs/w4a16-gemm.md, "v26").
@@ -129,6 +139,28 @@ __device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
 }
 __device__ __forceinline__ void cp_async16_bypass(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
+
+// Reads of a thread's own ring slots by shared address. `volatile`: the
+// slots are written by cp.async, which the compiler does not see, so these
+// must stay after the cp.async.wait_group (also volatile) that covers them.
+__device__ __forceinline__ uint4 ld_shared_u4(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr));
+  return v;
+}
+template <int kWords>
+__device__ __forceinline__ void ld_shared_words(uint32_t addr, uint32_t (&w)[kWords]) {
+  if constexpr (kWords == 2) {
+    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(w[0]), "=r"(w[1]) : "r"(addr));
+  } else {
+    static_assert(kWords == 4);
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+                 : "r"(addr));
+  }
 }
 
 template <typename T>
@@ -292,8 +324,8 @@ __device__ __forceinline__ void fused_epilogue(const OutputArgs& a, const float 
 // This is the tail of the kernel, which the next one waits for: the residual
 // of each thread's first element is loaded before the split-K count.
 template <typename T>
-__device__ __noinline__ void write_residual_outputs(const OutputArgs a, float* residual_row_sq, float acc0,
-                                                    float acc1, float acc2, float acc3) {
+__device__ __forceinline__ void write_residual_outputs_body(const OutputArgs a, float* residual_row_sq, float acc0,
+                                                           float acc1, float acc2, float acc3) {
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int kCols = kWarps * 16;
   const float acc[4] = {acc0, acc1, acc2, acc3};
@@ -329,6 +361,18 @@ __device__ __noinline__ void write_residual_outputs(const OutputArgs a, float* r
           residual_row_sq[(static_cast<int64_t>(a.m0 + warp) * kGemvRowSqCopies + lane) * stride + blockIdx.x] = sum;
         }
       });
+}
+// The out-of-line copy, which the instances for passes of any row count
+// call (see the fused epilogues above). The one-row instances inline the
+// body instead: calling this copy (and write_attention_inputs'), they gave
+// wrong outputs on the H200 in 9 GPU tests at M = 1 while the same instances
+// with their epilogues inlined, and every other instance, passed (v39; the
+// cause was not found in the SASS). Their k-loop is unrolled by two and did
+// not change when the epilogue was inlined.
+template <typename T>
+__device__ __noinline__ void write_residual_outputs(const OutputArgs a, float* residual_row_sq, float acc0,
+                                                    float acc1, float acc2, float acc3) {
+  write_residual_outputs_body<T>(a, residual_row_sq, acc0, acc1, acc2, acc3);
 }
 
 // What finish_head reads besides the head itself, per lane: the norm
@@ -427,8 +471,8 @@ __device__ __noinline__ void finish_head(const AttentionInputsArgs& ai, const He
 // ... and the same butterfly), rounded to T; RoPE, rounded to T; widened to
 // fp32 into q/k/v.
 template <typename T>
-__device__ __noinline__ void write_attention_inputs(const OutputArgs a, const AttentionInputsArgs* attention, float acc0,
-                                                    float acc1, float acc2, float acc3) {
+__device__ __forceinline__ void write_attention_inputs_body(const OutputArgs a, const AttentionInputsArgs* attention,
+                                                           float acc0, float acc1, float acc2, float acc3) {
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int kCols = kWarps * 16;
   const float acc[4] = {acc0, acc1, acc2, acc3};
@@ -465,6 +509,12 @@ __device__ __noinline__ void write_attention_inputs(const OutputArgs a, const At
         }
       });
 }
+// The out-of-line copy (see write_residual_outputs).
+template <typename T>
+__device__ __noinline__ void write_attention_inputs(const OutputArgs a, const AttentionInputsArgs* attention,
+                                                    float acc0, float acc1, float acc2, float acc3) {
+  write_attention_inputs_body<T>(a, attention, acc0, acc1, acc2, acc3);
+}
 
 // What a kernel instance reads and writes besides x W: plain; x through
 // RMSNorm (W4A16Options::x_norm_weight); y added to a residual
@@ -477,12 +527,12 @@ __device__ __noinline__ void write_attention_inputs(const OutputArgs a, const At
 // constant loads more).
 enum class GemvIo { plain, x_norm, residual, attention, x_norm_attention };
 
-template <typename T, bool kFloatZero, bool kTwoGroups, GemvIo kIo>
+template <typename T, bool kFloatZero, bool kTwoGroups, GemvIo kIo, bool kOneRow>
 __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
     w4a16_gemv_kernel(const __grid_constant__ GemvArgs args, const int m0, const int range_max) {
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int kScaleWords = kTwoGroups ? 4 : 2;
-  const GemvSmem layout{kScaleWords, min(kGemvRowsPerPass, args.M - m0), range_max};
+  const GemvSmem layout{kScaleWords, kOneRow ? 1 : min(kGemvRowsPerPass, args.M - m0), range_max};
   const int rows = layout.rows;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t = lane % 4;
@@ -529,14 +579,26 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
   const uint32_t ring_codes_addr = smem_address(ring_codes + tid);
   const uint32_t ring_scales_addr = smem_address(ring_scales + tid * kScaleWords);
   constexpr uint32_t kCodesSlotBytes = kThreads * 16, kScalesSlotBytes = kThreads * 4 * kScaleWords;
+  // A slot's scale words sit at a fixed linear map of its codes' address
+  // (kScaleWords / 4 bytes of scales per byte of codes), so one running
+  // address per ring names both.
+  static_assert(kScalesSlotBytes * 4 == kCodesSlotBytes * kScaleWords);
+  // From the rings' bases, which are the same for every thread (a uniform
+  // register); from the thread's own addresses, the compiler rebuilt it at
+  // every use (5 instructions).
+  const uint32_t codes_base = smem_address(ring_codes);
+  const uint32_t scales_of_codes = smem_address(ring_scales) - (kScaleWords == 4 ? codes_base : codes_base / 2);
+  auto scales_addr = [&](uint32_t codes_addr) {
+    return kScaleWords == 4 ? codes_addr + scales_of_codes : (codes_addr >> 1) + scales_of_codes;
+  };
   int next_it = i0;
-  auto issue = [&](int slot) {
-    cp_async16_bypass(ring_codes_addr + slot * kCodesSlotBytes, next_codes);
+  auto issue = [&](uint32_t codes_dst) {
+    cp_async16_bypass(codes_dst, next_codes);
     next_codes += iter_stride;
     if (ends_window(next_it)) {
       const uint32_t* sz = next_scales;
       next_scales += scale_step;
-      const uint32_t dst = ring_scales_addr + slot * kScalesSlotBytes;
+      const uint32_t dst = scales_addr(codes_dst);
       cp_async4(dst, sz);
       cp_async4(dst + 4, sz + 8);
       if constexpr (kTwoGroups) {
@@ -548,7 +610,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
   };
 #pragma unroll
   for (int u = 0; u < kDepth - 1; ++u) {
-    if (i0 + u < i1) issue(u);
+    if (i0 + u < i1) issue(ring_codes_addr + u * kCodesSlotBytes);
     cp_async_commit();
   }
 
@@ -600,7 +662,10 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
     for (int base = 0; base < chunks; base += kThreads) {
       const int c = base + tid;
       const bool valid = c < chunks;
-      const int row = c / (R * 8), il = (c / 8) % R, q = c % 8, j = q / 2, h = q % 2;
+      // One row: the chunk's iteration is a shift (the run-time divisions
+      // by the range are ~60 instructions per thread).
+      const int row = kOneRow ? 0 : c / (R * 8), il = kOneRow ? c >> 3 : (c / 8) % R;
+      const int q = c % 8, j = q / 2, h = q % 2;
       float raw_sum = 0.0f, staged_sum = 0.0f;
       uint4 norm_x = make_uint4(0, 0, 0, 0), norm_w = make_uint4(0, 0, 0, 0);  // past K: the bits of 0.0
       if (x_norm) {
@@ -674,7 +739,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
     // on every run).
     const int w0 = i0 >> fold_shift, windows = ((i1 - 1) >> fold_shift) - w0 + 1;
     for (int e = tid; e < rows * windows; e += kThreads) {
-      const int row = e / windows, w = e % windows;
+      const int row = kOneRow ? 0 : e / windows, w = kOneRow ? e : e % windows;
       const int first = max(i0, (w0 + w) << fold_shift), last = min(i1, (w0 + w + 1) << fold_shift);
       float4 total = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       for (int it = first; it < last; ++it) add_to(total, sums[row * range_max + it - i0]);
@@ -687,25 +752,29 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   const int x_row = min(g, rows - 1);  // n = g of the mma; columns past the pass are never stored
   const int row_a = min(2 * t, rows - 1), row_b = min(2 * t + 1, rows - 1);
-  const bool single_row = rows == 1;
+  const bool single_row = kOneRow || rows == 1;
   constexpr float kBias = kCodeBias<T>;
   float d[2][4] = {};  // [rows k0.. / k0+32..][D fragment] of the window; one accumulator unless group 32
-  int slot = 0;
+  // The ring's slots by running shared addresses: the one read this
+  // iteration, and the one read last iteration, which this one refills.
+  uint32_t read_codes = ring_codes_addr;
+  uint32_t issue_codes = ring_codes_addr + (kDepth - 1) * kCodesSlotBytes;
+  const uint32_t ring_codes_end = ring_codes_addr + kDepth * kCodesSlotBytes;
   const uint32_t* x_next = xs + x_row * range_max * 32 + t * 8;
   // The fold windows are consecutive, so their sums advance by one per
   // window too (the index from the iteration cost 5-7 SASS instructions per
   // window, v38).
   const float4* sums_a = window_sums + row_a * range_max;
   const int sums_b_offset = (row_b - row_a) * range_max;
-  int issue_slot = kDepth - 1;  // the slot read last iteration (a register, not `slot - 1` with a wrap)
   for (int it = i0; it < i1; ++it) {
-    if (next_it < i1) issue(issue_slot);
-    issue_slot = slot;  // read below: the next iteration refills it
+    if (next_it < i1) issue(issue_codes);
     cp_async_commit();
     cp_async_wait<kDepth - 1>();
-    const uint4 c = ring_codes[slot * kThreads + tid];
-    const uint32_t* sc = ring_scales + (slot * kThreads + tid) * kScaleWords;
-    slot = slot + 1 == kDepth ? 0 : slot + 1;
+    const uint4 c = ld_shared_u4(read_codes);
+    const uint32_t sc_addr = scales_addr(read_codes);
+    issue_codes = read_codes;  // the next iteration refills it
+    read_codes += kCodesSlotBytes;
+    if (read_codes == ring_codes_end) read_codes = ring_codes_addr;
 
     const uint4* xv = reinterpret_cast<const uint4*>(x_next);
     x_next += 32;  // the next iteration's x (a running pointer: no per-iteration address rebuild)
@@ -745,6 +814,8 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
 #pragma unroll
       for (int e = 0; e < 4; ++e) dd[e] = 0.0f;
     };
+    uint32_t sc[kScaleWords];
+    ld_shared_words<kScaleWords>(sc_addr, sc);
     if constexpr (kTwoGroups) {
       fold(d[0], sc[0], sc[1], make_float2(sa.x, sa.y), [](float4 b) { return make_float2(b.x, b.y); });
       fold(d[1], sc[2], sc[3], make_float2(sa.z, sa.w), [](float4 b) { return make_float2(b.z, b.w); });
@@ -756,16 +827,22 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
   cp_async_wait<0>();
   if (!args.early_dependents) cuda::pdl_launch_dependents();
 
+  // The fused epilogues: out of line, except in the one-row instances (see
+  // write_residual_outputs).
+  const OutputArgs outputs{args.y, args.ldy, args.partial, args.counters, args.N, args.N_pad, args.split_k,
+                           split, m0, rows, layout.bytes()};
   if (kIo == GemvIo::residual && args.residual_row_sq != nullptr) {
-    write_residual_outputs<T>(OutputArgs{args.y, args.ldy, args.partial, args.counters, args.N, args.N_pad,
-                                         args.split_k, split, m0, rows, layout.bytes()},
-                              args.residual_row_sq, acc[0], acc[1], acc[2], acc[3]);
+    if constexpr (kOneRow)
+      write_residual_outputs_body<T>(outputs, args.residual_row_sq, acc[0], acc[1], acc[2], acc[3]);
+    else
+      write_residual_outputs<T>(outputs, args.residual_row_sq, acc[0], acc[1], acc[2], acc[3]);
     return;
   }
   if ((kIo == GemvIo::attention || kIo == GemvIo::x_norm_attention) && args.attention_inputs) {
-    write_attention_inputs<T>(OutputArgs{args.y, args.ldy, args.partial, args.counters, args.N, args.N_pad,
-                                         args.split_k, split, m0, rows, layout.bytes()},
-                              &args.attention, acc[0], acc[1], acc[2], acc[3]);
+    if constexpr (kOneRow)
+      write_attention_inputs_body<T>(outputs, &args.attention, acc[0], acc[1], acc[2], acc[3]);
+    else
+      write_attention_inputs<T>(outputs, &args.attention, acc[0], acc[1], acc[2], acc[3]);
     return;
   }
   T* y = static_cast<T*>(args.y);
@@ -838,7 +915,13 @@ const DeviceLimits& device_limits(int device) {
 
 template <typename T, bool kFloatZero, bool kTwoGroups, GemvIo kIo>
 void launch_typed(const GemvArgs& args, int device, cudaStream_t stream) {
-  auto kernel = w4a16_gemv_kernel<T, kFloatZero, kTwoGroups, kIo>;
+  // One-row calls (the decode step at batch 1) take an instance built for
+  // one row (kernel comment). Group 32 (two scale groups per k-iteration, not
+  // the decode step's formats) has none: 20 instances fewer to compile.
+  constexpr bool kOneRowInstance = !kTwoGroups;
+  auto kernel = kOneRowInstance && args.M == 1
+                    ? w4a16_gemv_kernel<T, kFloatZero, kTwoGroups, kIo, kOneRowInstance>
+                    : w4a16_gemv_kernel<T, kFloatZero, kTwoGroups, kIo, false>;
   const DeviceLimits& limits = device_limits(device);
   cuda::ensure_dynamic_smem(kernel, limits.smem_per_cta);
   const int range_max = (args.iters + args.split_k - 1) / args.split_k;
