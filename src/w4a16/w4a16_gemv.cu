@@ -113,6 +113,11 @@ constexpr int min_ctas_per_sm() {
 // Longer windows would let the raw sums (~1024 x the x sums) grow until the
 // tensor cores' accumulation rounding shows.
 constexpr int kFoldShiftMax = 2;
+// log2 of a fold window's k-iterations: a window is one scale group (64-256
+// rows; per channel: kFoldShiftMax), one iteration for group 32.
+__host__ __device__ constexpr int gemv_fold_shift(bool two_groups, int group_shift) {
+  return two_groups ? 0 : (group_shift < 0 ? kFoldShiftMax : (group_shift - 6 < kFoldShiftMax ? group_shift - 6 : kFoldShiftMax));
+}
 
 // Shared memory of a CTA: the per-thread rings, then x staged in fragment
 // order ([row][iteration][t][16 halves]), then per row and iteration the sums
@@ -550,8 +555,8 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
   float4* sums = reinterpret_cast<float4*>(smem + layout.sums_offset());
   float4* window_sums = reinterpret_cast<float4*>(smem + layout.window_sums_offset());
   float* x_inv_rms = reinterpret_cast<float*>(smem + layout.x_inv_rms_offset());
-  const int fold_shift = kTwoGroups ? 0 : (args.group_shift < 0 ? kFoldShiftMax : min(kFoldShiftMax, args.group_shift - 6));
-  const int fold_mask = (1 << fold_shift) - 1;
+  const int fold_shift = gemv_fold_shift(kTwoGroups, args.group_shift);
+  const int fold_mask = args.gemv_fold_mask;  // (1 << fold_shift) - 1
   // Whether k-iteration `it` ends a fold window (so its ring slot carries scales).
   auto ends_window = [&](int it) { return ((it + 1) & fold_mask) == 0 || it + 1 == i1; };
 
@@ -743,7 +748,10 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
       const int first = max(i0, (w0 + w) << fold_shift), last = min(i1, (w0 + w + 1) << fold_shift);
       float4 total = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       for (int it = first; it < last; ++it) add_to(total, sums[row * range_max + it - i0]);
-      window_sums[row * range_max + w] = total;
+      // One scale group per iteration: the fold takes the two halves' sums
+      // together, so they are added here once (the same bits as in the fold).
+      window_sums[row * range_max + w] =
+          kTwoGroups ? total : make_float4(total.x + total.z, total.y + total.w, 0.0f, 0.0f);
     }
   }
   __syncthreads();
@@ -820,8 +828,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
       fold(d[0], sc[0], sc[1], make_float2(sa.x, sa.y), [](float4 b) { return make_float2(b.x, b.y); });
       fold(d[1], sc[2], sc[3], make_float2(sa.z, sa.w), [](float4 b) { return make_float2(b.z, b.w); });
     } else {
-      fold(d[0], sc[0], sc[1], make_float2(sa.x + sa.z, sa.y + sa.w),
-           [](float4 b) { return make_float2(b.x + b.z, b.y + b.w); });
+      fold(d[0], sc[0], sc[1], make_float2(sa.x, sa.y), [](float4 b) { return make_float2(b.x, b.y); });
     }
   }
   cp_async_wait<0>();
@@ -922,6 +929,8 @@ void launch_typed(const GemvArgs& args, int device, cudaStream_t stream) {
   auto kernel = kOneRowInstance && args.M == 1
                     ? w4a16_gemv_kernel<T, kFloatZero, kTwoGroups, kIo, kOneRowInstance>
                     : w4a16_gemv_kernel<T, kFloatZero, kTwoGroups, kIo, false>;
+  GemvArgs kernel_args = args;
+  kernel_args.gemv_fold_mask = (1 << gemv_fold_shift(kTwoGroups, args.group_shift)) - 1;
   const DeviceLimits& limits = device_limits(device);
   cuda::ensure_dynamic_smem(kernel, limits.smem_per_cta);
   const int range_max = (args.iters + args.split_k - 1) / args.split_k;
@@ -931,7 +940,8 @@ void launch_typed(const GemvArgs& args, int device, cudaStream_t stream) {
     cuda::launch_with_pdl_in_clusters(
         kernel, 0, cuda::L2StreamSpan{args.qweight, args.weight_stream_bytes},
         dim3(static_cast<unsigned>(gemv_col_blocks(args.N_pad)), static_cast<unsigned>(args.split_k)), dim3(kThreads),
-        static_cast<size_t>(smem_for(args.M - m0, args.iters, args.split_k, kTwoGroups)), stream, args, m0, range_max);
+        static_cast<size_t>(smem_for(args.M - m0, args.iters, args.split_k, kTwoGroups)), stream, kernel_args, m0,
+        range_max);
   }
 }
 

@@ -67,6 +67,10 @@ struct TiledGemmArgs {
   // gemv: let the next kernel launch before this one's wait (weights large
   // enough that its launch hides behind their stream), else after the K loop.
   bool early_dependents;
+  // gemv, set by launch_gemv: (1 << gemv_fold_shift) - 1, the k-iterations of
+  // a fold window less one. Read from the kernel's constant bank at each use:
+  // rebuilt from the shift, it cost two instructions per k-iteration (v39).
+  int gemv_fold_mask;
   bool attention_inputs;  // y is not written: `attention` is
   AttentionInputsArgs attention;
   // Host side only (the launch, not the kernel): W4A16Options::l2_streaming,
