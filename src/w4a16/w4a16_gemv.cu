@@ -42,9 +42,10 @@
 //     one row (kOneRow): no other row's fold, x staged without run-time
 //     divisions, the fused epilogues inlined. The compiler unrolls their
 //     k-loop by two, which also drops the accumulator copies after the mma
-//     chain: ~73 SASS instructions per k-iteration at group 128 against ~86
-//     (v38), and the Qwen3-14B decode step 279 -> 301 tok/s on an H200
-//     (docs/w4a16-gemm.md, v39). Group 32's instances have no one-row copy.
+//     chain: ~69 SASS instructions per k-iteration at group 128 against ~86
+//     (v38), and with the rest of v39 the Qwen3-14B decode step 279 -> 305
+//     tok/s on an H200 (docs/w4a16-gemm.md, v39). Group 32's instances have
+//     no one-row copy.
 //   - The ring is walked by running shared addresses (the slot read, the
 //     slot refilled), and a slot's scale words are a fixed map of its codes'
 //     address: no slot index arithmetic per k-iteration.

@@ -8,8 +8,9 @@ change) from 374 to 377 and 400 instructions per tile, and the 400 cost 1.2 us
 of a 87 us call (docs/kv-cache.md, "v36"). Compare a build's numbers with the
 tree's before timing it on a GPU.
 
-The main loop of a function is the smallest loop (a backward branch and the
-instructions between its target and itself) that holds the most HMMA
+The main loop of a function is the smallest innermost loop (a backward branch
+and the instructions between its target and itself, holding no other such
+loop with HMMA) that holds the most HMMA
 instructions; its length includes rarely taken branches inside it (for
 attend_kernel, the rescale when the running max moves).
 
@@ -60,9 +61,13 @@ def registers(tool, obj, arch):
 
 
 def main_loop(instructions):
-    """(HMMA count, length) of the smallest loop with the most HMMA, or None."""
+    """(HMMA count, length) of the smallest innermost loop with the most HMMA, or None.
+
+    Innermost: a backward branch whose span holds another loop with HMMA is an
+    outer loop (e.g. one that spans an unrolled loop and another copy of its
+    body) and is not counted."""
     index = {address: i for i, (address, _) in enumerate(instructions)}
-    best = None
+    loops = []  # (first, last, HMMA count)
     for i, (address, text) in enumerate(instructions):
         m = re.search(r"\bBRA\b.*?(0x[0-9a-f]+)", text)
         if not m:
@@ -70,10 +75,16 @@ def main_loop(instructions):
         target = int(m.group(1), 16)
         if target >= address or target not in index:
             continue
-        body = instructions[index[target]:i + 1]
-        hmma = sum("HMMA" in t for _, t in body)
-        if best is None or hmma > best[0] or (hmma == best[0] and len(body) < best[1]):
-            best = (hmma, len(body))
+        hmma = sum("HMMA" in t for _, t in instructions[index[target]:i + 1])
+        if hmma:
+            loops.append((index[target], i, hmma))
+    best = None
+    for first, last, hmma in loops:
+        if any(f >= first and l <= last and (f, l) != (first, last) for f, l, _ in loops):
+            continue
+        length = last - first + 1
+        if best is None or hmma > best[0] or (hmma == best[0] and length < best[1]):
+            best = (hmma, length)
     return best
 
 
