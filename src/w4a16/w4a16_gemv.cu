@@ -117,7 +117,9 @@ constexpr int kFoldShiftMax = 2;
 // log2 of a fold window's k-iterations: a window is one scale group (64-256
 // rows; per channel: kFoldShiftMax), one iteration for group 32.
 __host__ __device__ constexpr int gemv_fold_shift(bool two_groups, int group_shift) {
-  return two_groups ? 0 : (group_shift < 0 ? kFoldShiftMax : (group_shift - 6 < kFoldShiftMax ? group_shift - 6 : kFoldShiftMax));
+  if (two_groups) return 0;
+  if (group_shift < 0) return kFoldShiftMax;
+  return group_shift - 6 < kFoldShiftMax ? group_shift - 6 : kFoldShiftMax;
 }
 
 // Shared memory of a CTA: the per-thread rings, then x staged in fragment
@@ -373,8 +375,7 @@ __device__ __forceinline__ void write_residual_outputs_body(const OutputArgs a, 
 // body instead: calling this copy (and write_attention_inputs'), they gave
 // wrong outputs on the H200 in 9 GPU tests at M = 1 while the same instances
 // with their epilogues inlined, and every other instance, passed (v39; the
-// cause was not found in the SASS). Their k-loop is unrolled by two and did
-// not change when the epilogue was inlined.
+// cause was not found in the SASS).
 template <typename T>
 __device__ __noinline__ void write_residual_outputs(const OutputArgs a, float* residual_row_sq, float acc0,
                                                     float acc1, float acc2, float acc3) {
