@@ -51,6 +51,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 
 #include "lowbit/core/error.h"
@@ -246,11 +248,26 @@ template <int kMTile, bool kDense>
 constexpr bool kHasProducer = !kDense && (kMTile == 64 || kMTile == 256);
 template <int kMTile, bool kDense>
 constexpr int kCtaThreads = kThreads + (!kHasProducer<kMTile, kDense> ? 0 : kMTile == 256 ? 128 : 32);
-template <typename T, int kMTile, bool kFloatZero, bool kStreamK, bool kDense>
+//
+// kScaleAfter (the 16- and 32-row tiles, integer zero points, one scale
+// group per k-iteration or per channel: wgmma_scale_after_applies):
+// the A operands are the exact q - z (one LOP3 and one HSUB2/HFMA2 per
+// register pair, no multiply by s), the wgmma accumulate into `raw`, which
+// restarts at each scale group (scale-d = 0 on the group's first wgmma),
+// and after a group's last k-iteration acc += s * raw, one FFMA per
+// accumulator. At 16-32 rows the wgmma work per k-iteration is small and the
+// dequantization is most of a warpgroup's serial chain (wait for the stage,
+// dequantize, wgmma, wait for it): this takes the 16 HMUL2 per thread and
+// k-iteration out of it for 8 FFMA per group (docs/w4a16-gemm.md, v40).
+// The weights are then not rounded to 16 bits before the products, as in
+// the gemv kernel.
+template <typename T, int kMTile, bool kFloatZero, bool kStreamK, bool kDense, bool kScaleAfter = false>
 __global__ void __launch_bounds__(kCtaThreads<kMTile, kDense>, kMinCtasPerSm<kMTile, kDense>)
     w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap x_map, const WgmmaArgs args) {
   static_assert(!kStreamK || kMTile >= kWgmmaMinTailRows, "stream-K runs tiles of 64 rows and more");
   static_assert(!kDense || kMTile == kWgmmaDenseRows, "only the 64-row tile has a three-CTA build");
+  static_assert(!kScaleAfter || (kMTile <= kScaleAfterMaxRows && !kFloatZero && !kStreamK),
+                "the scale after the wgmma: 16- and 32-row tiles with integer zero points only");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using S = Smem<kMTile>;
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
@@ -294,6 +311,16 @@ __global__ void __launch_bounds__(kCtaThreads<kMTile, kDense>, kMinCtasPerSm<kMT
   float acc[kAcc];
 #pragma unroll
   for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+  // kScaleAfter: the current scale group's sums, sum (q - z) x; acc holds
+  // the scaled sums of the groups before it.
+  float raw[kScaleAfter ? kAcc : 1];
+#pragma unroll
+  for (int i = 0; i < (kScaleAfter ? kAcc : 1); ++i) raw[i] = 0.0f;
+  // k-iterations per scale group - 1 (groups of 64, 128, 256 rows: 0, 1, 3),
+  // or all bits for per channel: a group ends after k-iteration `it` when
+  // (it + 1) & group_iters_mask == 0, and the CTA's range ends one anyway.
+  const int group_iters_mask = args.group_shift < 0 ? 0x7fffffff : (1 << max(0, args.group_shift - 6)) - 1;
+  bool group_start = true;
 
   if (tid == 0)
     for (int s = 0; s < kStages; ++s) {
@@ -326,7 +353,7 @@ __global__ void __launch_bounds__(kCtaThreads<kMTile, kDense>, kMinCtasPerSm<kMT
   // the copy engine's cost per copy shows (bench_hbm_stream: 4 KB stages with
   // two small extra copies each stream at ~60% of copy bandwidth, without
   // them at ~80%).
-  const bool one_group = args.group_shift < 0 || args.group_shift >= 6;
+  const bool one_group = kScaleAfter || args.group_shift < 0 || args.group_shift >= 6;
   const int sz_parts = one_group ? 1 : 2;
   // The weights and scales of stage i (and the stage's whole byte count);
   // x separately, since only x depends on the kernels before this one.
@@ -501,15 +528,27 @@ __global__ void __launch_bounds__(kCtaThreads<kMTile, kDense>, kMinCtasPerSm<kMT
     // uniform per warpgroup).
     const uint4 wq = stage_w(s)[tid];
     const uint32_t* sz = stage_sz(s) + wg * 64;
-    const ColumnDequant<T> lo0 = column_dequant<T, kFloatZero>(sz[col0]);
-    const ColumnDequant<T> lo1 = column_dequant<T, kFloatZero>(sz[col1]);
+    const uint32_t sz0 = sz[col0], sz1 = sz[col1];  // kScaleAfter: read before the stage is released
+    const ColumnDequant<T> lo0 = column_dequant<T, kFloatZero>(sz0);
+    const ColumnDequant<T> lo1 = column_dequant<T, kFloatZero>(sz1);
     const ColumnDequant<T> hi0 = one_group ? lo0 : column_dequant<T, kFloatZero>(sz[128 + col0]);
     const ColumnDequant<T> hi1 = one_group ? lo1 : column_dequant<T, kFloatZero>(sz[128 + col1]);
     uint32_t b[4][2][2], a[4][4];
-    dequant_word<T, kFloatZero>(wq.x, lo0, lo1, b[0][0], b[0][1]);
-    dequant_word<T, kFloatZero>(wq.y, lo0, lo1, b[1][0], b[1][1]);
-    dequant_word<T, kFloatZero>(wq.z, hi0, hi1, b[2][0], b[2][1]);
-    dequant_word<T, kFloatZero>(wq.w, hi0, hi1, b[3][0], b[3][1]);
+    if constexpr (kScaleAfter) {
+      const uint32_t words[4] = {wq.x, wq.y, wq.z, wq.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        typename Vec2<T>::type p[4];
+        word_pairs(words[i], lo0, lo1, p);  // exact q - z
+        b[i][0][0] = as_u32(p[0]), b[i][0][1] = as_u32(p[1]);
+        b[i][1][0] = as_u32(p[2]), b[i][1][1] = as_u32(p[3]);
+      }
+    } else {
+      dequant_word<T, kFloatZero>(wq.x, lo0, lo1, b[0][0], b[0][1]);
+      dequant_word<T, kFloatZero>(wq.y, lo0, lo1, b[1][0], b[1][1]);
+      dequant_word<T, kFloatZero>(wq.z, hi0, hi1, b[2][0], b[2][1]);
+      dequant_word<T, kFloatZero>(wq.w, hi0, hi1, b[3][0], b[3][1]);
+    }
     // mma B fragment (k 2t..2t+1 / 2t+8..2t+9 of column g) = wgmma A fragment
     // (row g / g+8 = column col0 / col1, k 2t.. / 2t+8..): a0 (g, k lo),
     // a1 (g+8, k lo), a2 (g, k hi), a3 (g+8, k hi).
@@ -528,16 +567,36 @@ __global__ void __launch_bounds__(kCtaThreads<kMTile, kDense>, kMinCtasPerSm<kMT
 #pragma unroll
       for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(a[ks][r])::"memory");
     wgmma_fence();
-    fence_accumulators(acc);
     const uint32_t x_addr = smem_base + s * S::kStageBytes;
+    if constexpr (kScaleAfter) {
+      fence_accumulators(raw);
 #pragma unroll
-    for (int ks = 0; ks < 4; ++ks) Wgmma<kMTile, kBf16>::run(acc, a[ks], sw128_desc(x_addr + ks * 32));
+      for (int ks = 0; ks < 4; ++ks)
+        Wgmma<kMTile, kBf16>::run(raw, a[ks], sw128_desc(x_addr + ks * 32), ks > 0 || !group_start ? 1 : 0);
+    } else {
+      fence_accumulators(acc);
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) Wgmma<kMTile, kBf16>::run(acc, a[ks], sw128_desc(x_addr + ks * 32));
+    }
     wgmma_commit();
     // The next loads go out while the tensor cores work.
     if (!kProducer && tid == 0 && j + kAhead < n) produce(j + kAhead);
     wgmma_wait<0>();
-    fence_accumulators(acc);
-    mbar_arrive(empty_bar + 8 * s);
+    if constexpr (kScaleAfter) {
+      fence_accumulators(raw);
+      mbar_arrive(empty_bar + 8 * s);
+      group_start = j + 1 == n || ((it_begin + j + 1) & group_iters_mask) == 0;
+      if (group_start) {  // the group's last k-iteration: acc += s * raw
+        float s0, s1, unused;
+        column_scale_offset<T, false>(sz0, s0, unused);
+        column_scale_offset<T, false>(sz1, s1, unused);
+#pragma unroll
+        for (int i = 0; i < kAcc; ++i) acc[i] = fmaf((i & 2) != 0 ? s1 : s0, raw[i], acc[i]);
+      }
+    } else {
+      fence_accumulators(acc);
+      mbar_arrive(empty_bar + 8 * s);
+    }
     if constexpr (kStreamK)
       if (j + 1 == first_piece && first_piece < n) {
         // Stream-K: the range's first tile ends here, and since the range
@@ -707,9 +766,10 @@ __global__ void wgmma_probe_kernel(int* out) {
 #endif
 }
 
-template <typename T, int kMTile, bool kFloatZero, bool kStreamK = false, bool kDense = false>
+template <typename T, int kMTile, bool kFloatZero, bool kStreamK = false, bool kDense = false,
+          bool kScaleAfter = false>
 void launch_typed(const WgmmaArgs& args, cudaStream_t stream) {
-  auto kernel = w4a16_wgmma_kernel<T, kMTile, kFloatZero, kStreamK, kDense>;
+  auto kernel = w4a16_wgmma_kernel<T, kMTile, kFloatZero, kStreamK, kDense, kScaleAfter>;
   cuda::ensure_dynamic_smem(kernel, Smem<kMTile>::kBytes);
   const CUtensorMap map = encode_x_tensor_map(args, x_box_rows<kMTile>(args.M), std::is_same_v<T, __nv_bfloat16>);
   const unsigned row_tiles = static_cast<unsigned>((args.M + kMTile - 1) / kMTile);
@@ -729,8 +789,14 @@ template <typename T, bool kFloatZero>
 void launch_rows(const WgmmaArgs& args, int rows_per_tile, bool dense, cudaStream_t stream) {
   switch (rows_per_tile) {
     case 16:
+      if constexpr (!kFloatZero)
+        if (wgmma_scale_after_applies(16, false, args.group_shift))
+          return launch_typed<T, 16, false, false, false, true>(args, stream);
       return launch_typed<T, 16, kFloatZero>(args, stream);
     case 32:
+      if constexpr (!kFloatZero)
+        if (wgmma_scale_after_applies(32, false, args.group_shift))
+          return launch_typed<T, 32, false, false, false, true>(args, stream);
       return launch_typed<T, 32, kFloatZero>(args, stream);
     case 64:
       if (dense)
@@ -782,6 +848,14 @@ CUtensorMap encode_x_tensor_map(const TiledGemmArgs& a, int rows, bool bf16) {
          "] with row stride ", a.ldx, " to the copy engine (CUresult ", static_cast<int>(r),
          "): rows must be 16-byte aligned");
   return map;
+}
+
+bool wgmma_scale_after_applies(int rows_per_tile, bool float_zero, int group_shift) {
+  static const bool off = [] {
+    const char* v = std::getenv("LOWBIT_WGMMA_SCALE_AFTER");
+    return v != nullptr && std::string(v) == "0";
+  }();
+  return !off && rows_per_tile <= kScaleAfterMaxRows && !float_zero && (group_shift < 0 || group_shift >= 6);
 }
 
 int wgmma_rows_per_tile(int64_t M) {

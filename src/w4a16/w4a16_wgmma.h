@@ -30,6 +30,13 @@ int wgmma_ctas_per_sm(int rows_per_tile, bool bf16, bool dense = false);
 // this many rows: the decode tiles balance their CTAs by split_k alone, and
 // their kernels do not carry the tail's fix-up code.
 inline constexpr int kWgmmaMinTailRows = 64;
+// The tiles whose kernel applies the scales after the wgmma (kScaleAfter in
+// w4a16_wgmma.cu), where wgmma_scale_after_applies says so: 16 and 32 rows.
+inline constexpr int kScaleAfterMaxRows = 32;
+// True for tiles of at most kScaleAfterMaxRows rows, integer zero points and at most one
+// scale group per k-iteration (groups of 64+ rows or per channel), unless the
+// environment sets LOWBIT_WGMMA_SCALE_AFTER=0 (to measure without it).
+bool wgmma_scale_after_applies(int rows_per_tile, bool float_zero, int group_shift);
 // grid = (ceil(M / rows_per_tile), ceil(N_pad / 128), split_k), or with tail
 // tiles one CTA per whole tile plus tail_split per tail tile, or with
 // stream-K stream_k_ctas CTAs (tiles of kWgmmaMinTailRows+ rows as well).

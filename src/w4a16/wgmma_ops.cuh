@@ -1,7 +1,9 @@
 // wgmma.mma_async m64nNk16 with A from registers, B from a shared-memory
 // descriptor, f32 accumulators (sm_90a only). One function per N used by the
 // W4A16 wgmma kernel; the operand lists are long, so they are spelled out once
-// here rather than built by macros.
+// here rather than built by macros. The 16- and 32-column forms also take the
+// scale-d operand at run time (accumulate = 0: d = A B, the old d ignored),
+// for the kernel that restarts its accumulators at each scale group.
 #pragma once
 
 #include <cstdint>
@@ -11,61 +13,65 @@ namespace lowbit::w4a16_detail {
 template <int N, bool kBf16> struct Wgmma;
 
 template <> struct Wgmma<16, false> {
-  __device__ __forceinline__ static void run(float (&d)[8], const uint32_t (&a)[4], uint64_t desc) {
+  __device__ __forceinline__ static void run(float (&d)[8], const uint32_t (&a)[4], uint64_t desc,
+                                             int accumulate = 1) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 "
         "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));
 #else
-    (void)d; (void)a; (void)desc;
+    (void)d; (void)a; (void)desc; (void)accumulate;
 #endif
   }
 };
 
 template <> struct Wgmma<16, true> {
-  __device__ __forceinline__ static void run(float (&d)[8], const uint32_t (&a)[4], uint64_t desc) {
+  __device__ __forceinline__ static void run(float (&d)[8], const uint32_t (&a)[4], uint64_t desc,
+                                             int accumulate = 1) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
         "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));
 #else
-    (void)d; (void)a; (void)desc;
+    (void)d; (void)a; (void)desc; (void)accumulate;
 #endif
   }
 };
 
 template <> struct Wgmma<32, false> {
-  __device__ __forceinline__ static void run(float (&d)[16], const uint32_t (&a)[4], uint64_t desc) {
+  __device__ __forceinline__ static void run(float (&d)[16], const uint32_t (&a)[4], uint64_t desc,
+                                             int accumulate = 1) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));
 #else
-    (void)d; (void)a; (void)desc;
+    (void)d; (void)a; (void)desc; (void)accumulate;
 #endif
   }
 };
 
 template <> struct Wgmma<32, true> {
-  __device__ __forceinline__ static void run(float (&d)[16], const uint32_t (&a)[4], uint64_t desc) {
+  __device__ __forceinline__ static void run(float (&d)[16], const uint32_t (&a)[4], uint64_t desc,
+                                             int accumulate = 1) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));
 #else
-    (void)d; (void)a; (void)desc;
+    (void)d; (void)a; (void)desc; (void)accumulate;
 #endif
   }
 };

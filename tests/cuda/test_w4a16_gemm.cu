@@ -980,6 +980,38 @@ TEST(W4A16Gemm, WgmmaEveryTileAndOddColumnBlocks) {
   EXPECT_TRUE(test::throws_error([&] { (void)w4a16_plan(4, w, bad); }, ErrorKind::invalid_argument, {"rows_per_tile"}));
 }
 
+// The 16- and 32-row tiles with integer zero points and one scale group per
+// k-iteration or per channel apply the scales after the wgmma (kScaleAfter in
+// w4a16_wgmma.cu): each scale group's sums start afresh and are scaled after
+// its last k-iteration. K splits whose ranges start and end inside a group
+// (K = 1280, 20 k-iterations; groups of 256 rows are 4 of them; split 3 cuts
+// at 6 and 13), groups of 64 and 128, per channel, and group 32 (which keeps
+// the multiply per weight) beside them; a row count for each tile and both
+// dtypes. A group scaled twice, or not restarted, is off by whole terms.
+TEST(W4A16Gemm, WgmmaScaleAfterTheProductAtEveryGroupAndSplit) {
+  LOWBIT_REQUIRE_GPU();
+  if (!w4a16_wgmma_available()) GTEST_SKIP() << "no sm_90a device/build (WgmmaRunsOnComputeCapability9 checks)";
+  W4A16Workspace ws;
+  uint64_t seed = 160;
+  for (int group : {256, 128, 64, -1, 32})
+    for (ZeroKind kind : {ZeroKind::asym, ZeroKind::sym}) {
+      const auto layer = test::random_layer(1280, 328, group, kind, seed++);
+      for (DType dtype : {DType::f16, DType::bf16}) {
+        const W4A16Weights w = W4A16Weights::prepare(layer, dtype);
+        for (int64_t M : {7, 23}) {
+          const Problem p = make_problem(M, layer, dtype, seed++);
+          for (int split : {1, 3, 7}) {
+            SCOPED_TRACE(testing::Message() << "g=" << group << " " << test::zero_kind_name(kind) << " "
+                                            << dtype_name(dtype) << " M=" << M << " split " << split);
+            const auto first = run_gpu(p, w, ws, {W4A16Strategy::wgmma, split});
+            EXPECT_TRUE(matches_reference(p, first));
+            EXPECT_EQ(run_gpu(p, w, ws, {W4A16Strategy::wgmma, split}), first);
+          }
+        }
+      }
+    }
+}
+
 // Grids of more than one wave whose leftover tiles are split along K
 // (w4a16_wave_rule.h): 150 column tiles of 19136 columns (the last with one
 // 64-column block) at M = 300 (partial last row tiles at 64, 128 and 256

@@ -60,6 +60,11 @@ def registers(tool, obj, arch):
     return regs
 
 
+def is_mma(text):
+    """A tensor-core instruction: mma.sync (HMMA) or wgmma (HGMMA)."""
+    return re.match(r"(@!?U?P\w+\s+)?H(G)?MMA\b", text) is not None
+
+
 def main_loop(instructions):
     """(HMMA count, length) of the smallest innermost loop with the most HMMA, or None.
 
@@ -75,7 +80,7 @@ def main_loop(instructions):
         target = int(m.group(1), 16)
         if target >= address or target not in index:
             continue
-        hmma = sum("HMMA" in t for _, t in instructions[index[target]:i + 1])
+        hmma = sum(is_mma(t) for _, t in instructions[index[target]:i + 1])
         if hmma:
             loops.append((index[target], i, hmma))
     best = None
