@@ -36,6 +36,11 @@ namespace {
 // 2026-11-22); only M = 1, 16, 64 were measured.
 const std::map<int64_t, double> kMarlinGeomean = {{1, 2.16}, {16, 2.13}, {64, 1.47}};
 
+// log2 of the weights' group size, or -1 per channel (the kernels' group_shift).
+int group_shift_of(const W4A16Weights& w) {
+  return w.group_size() > 0 ? __builtin_ctz(static_cast<unsigned>(w.group_size())) : -1;
+}
+
 }  // namespace
 
 void run_w4a16_gemm_benchmark(const W4A16BenchOptions& options) {
@@ -61,6 +66,9 @@ void run_w4a16_gemm_benchmark(const W4A16BenchOptions& options) {
   std::unique_ptr<bench::JsonRowsWriter> json;
   if (!options.json_path.empty()) json = std::make_unique<bench::JsonRowsWriter>(options.json_path);
   cuda::announce_launch_switches(json.get());
+  std::printf("W4A16 wgmma: 16- and 32-row tiles scale after the product %s (LOWBIT_WGMMA_SCALE_AFTER; each JSON "
+              "row's wgmma_scale_after says whether its plan ran them)\n",
+              w4a16_detail::wgmma_scale_after_applies(16, false, 7) ? "on" : "off");
 
   cuda::CublasHandle cublas;
   W4A16Workspace workspace;
@@ -211,6 +219,9 @@ void run_w4a16_gemm_benchmark(const W4A16BenchOptions& options) {
                      {"rows_per_pass", plan.rows_per_pass}, {"tail_tiles", plan.tail_tiles},
                      {"tail_split", plan.tail_split}, {"stream_k_ctas", plan.stream_k_ctas},
                      {"wgmma_dense", plan.wgmma_dense}, {"wgmma_group_rows", plan.wgmma_group_rows},
+                     {"wgmma_scale_after", plan.strategy == W4A16Strategy::wgmma &&
+                                               w4a16_detail::wgmma_scale_after_applies(
+                                                   plan.rows_per_pass, w.float_zero(), group_shift_of(w))},
                      {"cublas_us", cublas_us},
                      {"speedup_vs_cublas", speedup}};
         if (json) json->write(row);
