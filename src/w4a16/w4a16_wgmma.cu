@@ -252,13 +252,14 @@ constexpr int kCtaThreads = kThreads + (!kHasProducer<kMTile, kDense> ? 0 : kMTi
 // kScaleAfter (the 16- and 32-row tiles, integer zero points, one scale
 // group per k-iteration or per channel: wgmma_scale_after_applies):
 // the A operands are the exact q - z (one LOP3 and one HSUB2/HFMA2 per
-// register pair, no multiply by s), the wgmma accumulate into `raw`, which
-// restarts at each scale group (scale-d = 0 on the group's first wgmma),
-// and after a group's last k-iteration acc += s * raw, one FFMA per
-// accumulator. At 16-32 rows the wgmma work per k-iteration is small and the
-// dequantization is most of a warpgroup's serial chain (wait for the stage,
-// dequantize, wgmma, wait for it): this takes the 16 HMUL2 per thread and
-// k-iteration out of it for 8 FFMA per group (docs/w4a16-gemm.md, v40).
+// register pair, no multiply by s), the wgmma instructions accumulate into
+// `raw`, which restarts at each scale group (scale-d = 0 on the group's
+// first wgmma), and after a group's last k-iteration acc += s * raw, one
+// FFMA per accumulator. At 16-32 rows the wgmma work per k-iteration is
+// small and the dequantization is most of a warpgroup's serial chain (wait
+// for the stage, dequantize, wgmma, wait for it): this takes the 16 HMUL2 per
+// thread and k-iteration out of it for 8 (32 rows: 16) FFMA per group
+// (docs/w4a16-gemm.md, v40: +1-8% at 5-32 rows on an H200, by lease).
 // The weights are then not rounded to 16 bits before the products, as in
 // the gemv kernel.
 template <typename T, int kMTile, bool kFloatZero, bool kStreamK, bool kDense, bool kScaleAfter = false>
