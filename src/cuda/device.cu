@@ -149,16 +149,10 @@ int device_attribute(cudaDeviceAttr attr, int device) {
   return value;
 }
 
-namespace {
-
-// Whether the environment variable `name` is "0": the switches that turn a
-// default of the launches off, to measure without it.
 bool switched_off_by_env(const char* name) {
   const char* v = std::getenv(name);
   return v != nullptr && std::string(v) == "0";
 }
-
-}  // namespace
 
 bool pdl_enabled() {
   // Atomic slots: host threads may fill them at once (with the same value).

@@ -51,13 +51,12 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
-#include <string>
 #include <type_traits>
 
 #include "lowbit/core/error.h"
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/kernel_smem.h"
+#include "lowbit/cuda/launch_switches.h"
 #include "lowbit/cuda/pdl.cuh"
 #include "lowbit/w4a16/w4a16_wave_rule.h"
 #include "w4a16_async_copy.cuh"
@@ -852,10 +851,7 @@ CUtensorMap encode_x_tensor_map(const TiledGemmArgs& a, int rows, bool bf16) {
 }
 
 bool wgmma_scale_after_applies(int rows_per_tile, bool float_zero, int group_shift) {
-  static const bool off = [] {
-    const char* v = std::getenv("LOWBIT_WGMMA_SCALE_AFTER");
-    return v != nullptr && std::string(v) == "0";
-  }();
+  static const bool off = cuda::switched_off_by_env("LOWBIT_WGMMA_SCALE_AFTER");
   return !off && rows_per_tile <= kScaleAfterMaxRows && !float_zero && (group_shift < 0 || group_shift >= 6);
 }
 

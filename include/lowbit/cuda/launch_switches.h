@@ -16,6 +16,11 @@ struct LaunchSwitches {
 // For the current device.
 LaunchSwitches launch_switches();
 
+// Whether the environment variable `name` is "0": the switches that turn a
+// default of the launches or kernels off, to measure without it
+// (LOWBIT_PDL, LOWBIT_L2_STREAMING, LOWBIT_WGMMA_SCALE_AFTER).
+bool switched_off_by_env(const char* name);
+
 // Prints "launch switches: ..." on one line and makes `json` (when not null)
 // add "l2_streaming" and "pdl" to every row it writes from now on.
 void announce_launch_switches(bench::JsonRowsWriter* json);
