@@ -117,6 +117,30 @@ template <int N>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
+// Values the front end cannot recompute (it would otherwise rebuild them
+// from %tid.x and the shared window's address inside the K loop).
+__device__ __forceinline__ uint32_t opaque_thread_index() {
+  uint32_t v;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(v));
+  return v;
+}
+__device__ __forceinline__ uint32_t opaque_u32(uint32_t v) {
+  asm volatile("" : "+r"(v));
+  return v;
+}
+// Stage reads by 32-bit shared address, ordered after the stage's mbarrier
+// wait (both volatile, with the memory clobber).
+__device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr)
+               : "memory");
+  return v;
+}
+__device__ __forceinline__ uint32_t ld_shared_u32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
 // Keeps the compiler from moving accumulator reads/writes across the async
 // wgmma boundary (it does not know the tensor cores own them meanwhile).
 template <int N>
@@ -261,13 +285,26 @@ constexpr int kCtaThreads = kThreads + (!kHasProducer<kMTile, kDense> ? 0 : kMTi
 // (docs/w4a16-gemm.md, v40: +1-8% at 5-32 rows on an H200, by lease).
 // The weights are then not rounded to 16 bits before the products, as in
 // the gemv kernel.
-template <typename T, int kMTile, bool kFloatZero, bool kStreamK, bool kDense, bool kScaleAfter = false>
+//
+// kOneGroup: one scale group per k-iteration (groups of 64+ rows, or per
+// channel; wgmma_one_scale_group), known at compile time. A stage then holds
+// one scale/zero copy, not two, and each thread reads and prepares the
+// scales of its two columns once per k-iteration. With that known only at
+// run time, the kernels carried the second group's loads and register
+// copies in every k-iteration, and the CTA's producing thread a loop over
+// the copies: the 64-row loop 122 -> 101 SASS instructions per warp, the
+// loops with thread 0 producing (16, 32, 128 rows, dense 64) ~210 -> ~170
+// (tools/sass/kernel_loops.py, docs/w4a16-gemm.md, v41). Group 32 (GGUF's
+// Q4_0 / Q4_1) keeps the instances with two groups per k-iteration.
+template <typename T, int kMTile, bool kFloatZero, bool kStreamK, bool kDense, bool kOneGroup,
+          bool kScaleAfter = false>
 __global__ void __launch_bounds__(kCtaThreads<kMTile, kDense>, kMinCtasPerSm<kMTile, kDense>)
     w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap x_map, const WgmmaArgs args) {
   static_assert(!kStreamK || kMTile >= kWgmmaMinTailRows, "stream-K runs tiles of 64 rows and more");
   static_assert(!kDense || kMTile == kWgmmaDenseRows, "only the 64-row tile has a three-CTA build");
-  static_assert(!kScaleAfter || (kMTile <= kScaleAfterMaxRows && !kFloatZero && !kStreamK),
-                "the scale after the wgmma: 16- and 32-row tiles with integer zero points only");
+  static_assert(!kScaleAfter || (kMTile <= kScaleAfterMaxRows && !kFloatZero && !kStreamK && kOneGroup),
+                "the scale after the wgmma: 16- and 32-row tiles with integer zero points and one group per "
+                "k-iteration only");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using S = Smem<kMTile>;
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
@@ -277,7 +314,13 @@ __global__ void __launch_bounds__(kCtaThreads<kMTile, kDense>, kMinCtasPerSm<kMT
   __shared__ uint64_t full[kStages], empty[kStages];  // per slot: loads landed / wgmma done reading
   unsigned char* smem = smem_raw + ((1024 - (smem_address(smem_raw) & 1023)) & 1023);
 
-  const int tid = threadIdx.x, wg = tid / 128, lt = tid % 128, warp = lt / 32, lane = tid % 32;
+  // The thread index through an opaque read: from threadIdx.x the front end
+  // re-read %tid.x (and the shared window's address, below) inside the K
+  // loop at every k-iteration, an S2R on the path to the stage's first
+  // shared-memory load (the same trap as in the decode attention,
+  // docs/kv-cache.md, v37).
+  const int tid = static_cast<int>(opaque_thread_index());
+  const int wg = tid / 128, lt = tid % 128, warp = lt / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
   const WgmmaWork work = wgmma_work<kMTile, kStreamK>(args);
   const int row_tiles = (args.M + kMTile - 1) / kMTile;
@@ -353,8 +396,7 @@ __global__ void __launch_bounds__(kCtaThreads<kMTile, kDense>, kMinCtasPerSm<kMT
   // the copy engine's cost per copy shows (bench_hbm_stream: 4 KB stages with
   // two small extra copies each stream at ~60% of copy bandwidth, without
   // them at ~80%).
-  const bool one_group = kScaleAfter || args.group_shift < 0 || args.group_shift >= 6;
-  const int sz_parts = one_group ? 1 : 2;
+  constexpr int sz_parts = kOneGroup ? 1 : 2;
   // The weights and scales of stage i (and the stage's whole byte count);
   // x separately, since only x depends on the kernels before this one.
   auto produce_weights = [&](int i) {
@@ -364,12 +406,12 @@ __global__ void __launch_bounds__(kCtaThreads<kMTile, kDense>, kMinCtasPerSm<kMT
     mbar_arrive_expect_tx(&full[s], x_box_rows<kMTile>(args.M) * 128 + src.w_bytes + sz_parts * src.sz_bytes);
     bulk_load(stage_w(s), args.qweight + (static_cast<int64_t>(it) * n_blocks + src.col_tile * 2) * 128,
               src.w_bytes, &full[s]);
-    for (int part = 0; part < sz_parts; ++part) {  // the groups of rows k0 and k0 + 32
-      const int group = args.group_shift < 0 ? 0 : (k0 + 32 * part) >> args.group_shift;
-      bulk_load(stage_sz(s) + part * 128,
-                args.scale_zero + static_cast<int64_t>(group) * args.N_pad + src.col_tile * 128, src.sz_bytes,
-                &full[s]);
-    }
+    // The groups of rows k0 and k0 + 32 (the same one but for groups of 32).
+    const uint32_t* sz_src = args.scale_zero + src.col_tile * 128;
+    const int group0 = args.group_shift < 0 ? 0 : k0 >> args.group_shift;
+    bulk_load(stage_sz(s), sz_src + static_cast<int64_t>(group0) * args.N_pad, src.sz_bytes, &full[s]);
+    if constexpr (!kOneGroup)
+      bulk_load(stage_sz(s) + 128, sz_src + static_cast<int64_t>(group0 + 1) * args.N_pad, src.sz_bytes, &full[s]);
   };
   auto produce_x = [&](int i) {
     const StageSource src = stage_source(i);
@@ -514,25 +556,43 @@ __global__ void __launch_bounds__(kCtaThreads<kMTile, kDense>, kMinCtasPerSm<kMT
     store_y();
     if (tid == 0) *flag = 0;  // ready for the next call
   };
-  const uint32_t smem_base = smem_address(smem);
-  const uint32_t full_bar = smem_address(&full[0]), empty_bar = smem_address(&empty[0]);  // converted once
+  // The K loop's shared-memory addresses, each computed once and kept
+  // opaque: this thread's weights and its columns' scale/zero pairs in stage
+  // 0, the barriers, and x's descriptor for stage 0 (a stage's descriptor is
+  // that plus the stage's offset / 16: the 14-bit address field cannot carry
+  // below 256 KB). Before, the front end rebuilt them from the shared
+  // window's address at every k-iteration (S2R SR_CgaCtaId, LEA, masks and
+  // shifts per wgmma descriptor), and the stage and its phase came from a
+  // division by kStages: together ~30 of the 64-row loop's ~150
+  // instructions per warp, where the four wgmma of a k-iteration take 128
+  // tensor-core cycles (docs/w4a16-gemm.md, v41).
+  const uint32_t smem_base = opaque_u32(smem_address(smem));
+  const uint32_t full_bar = opaque_u32(smem_address(&full[0])), empty_bar = opaque_u32(smem_address(&empty[0]));
+  const uint32_t w_lane = opaque_u32(smem_base + S::kXBytes + 16u * static_cast<uint32_t>(tid));
+  const uint32_t sz_lane = opaque_u32(smem_base + S::kXBytes + S::kWBytes + 4u * static_cast<uint32_t>(wg * 64 + col0));
+  const uint64_t x_desc0 = sw128_desc(smem_base);
+  int s = 0;            // this k-iteration's slot, j % kStages
+  uint32_t phase = 0;   // and the parity of its use, (j / kStages) & 1
 
   // One k-iteration (64 rows of K): dequantize this warp's 16 x 64 slice of
   // W^T into the A fragments of four k16 steps, then four wgmma.
   for (int j = 0; j < n; ++j) {
-    const int s = j % kStages;
-    mbar_wait(full_bar + 8 * s, (j / kStages) & 1);  // TMA writes and wgmma reads are both async proxy: no fence
+    const uint32_t stage_off = static_cast<uint32_t>(s) * S::kStageBytes;
+    mbar_wait(full_bar + 8 * s, phase);  // TMA writes and wgmma reads are both async proxy: no fence
     // An inactive warpgroup (past the last column block) computes on stale
     // shared memory and stores nothing: branching around wgmma would make the
     // compiler serialize every wgmma of the kernel (it cannot prove the branch
     // uniform per warpgroup).
-    const uint4 wq = stage_w(s)[tid];
-    const uint32_t* sz = stage_sz(s) + wg * 64;
-    const uint32_t sz0 = sz[col0], sz1 = sz[col1];  // kScaleAfter: read before the stage is released
+    const uint4 wq = ld_shared_v4(w_lane + stage_off);
+    // kScaleAfter: sz0, sz1 are read before the stage is released.
+    const uint32_t sz0 = ld_shared_u32(sz_lane + stage_off), sz1 = ld_shared_u32(sz_lane + stage_off + 32);
     const ColumnDequant<T> lo0 = column_dequant<T, kFloatZero>(sz0);
     const ColumnDequant<T> lo1 = column_dequant<T, kFloatZero>(sz1);
-    const ColumnDequant<T> hi0 = one_group ? lo0 : column_dequant<T, kFloatZero>(sz[128 + col0]);
-    const ColumnDequant<T> hi1 = one_group ? lo1 : column_dequant<T, kFloatZero>(sz[128 + col1]);
+    ColumnDequant<T> hi0 = lo0, hi1 = lo1;  // rows k0 + 32 .. k0 + 63
+    if constexpr (!kOneGroup) {
+      hi0 = column_dequant<T, kFloatZero>(ld_shared_u32(sz_lane + stage_off + 128 * 4));
+      hi1 = column_dequant<T, kFloatZero>(ld_shared_u32(sz_lane + stage_off + 128 * 4 + 32));
+    }
     uint32_t b[4][2][2], a[4][4];
     if constexpr (kScaleAfter) {
       const uint32_t words[4] = {wq.x, wq.y, wq.z, wq.w};
@@ -567,16 +627,16 @@ __global__ void __launch_bounds__(kCtaThreads<kMTile, kDense>, kMinCtasPerSm<kMT
 #pragma unroll
       for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(a[ks][r])::"memory");
     wgmma_fence();
-    const uint32_t x_addr = smem_base + s * S::kStageBytes;
+    const uint64_t x_desc = x_desc0 + (stage_off >> 4);  // k16 step ks: + 32 bytes = + 2
     if constexpr (kScaleAfter) {
       fence_accumulators(raw);
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
-        Wgmma<kMTile, kBf16>::run(raw, a[ks], sw128_desc(x_addr + ks * 32), ks > 0 || !group_start ? 1 : 0);
+        Wgmma<kMTile, kBf16>::run(raw, a[ks], x_desc + 2 * ks, ks > 0 || !group_start ? 1 : 0);
     } else {
       fence_accumulators(acc);
 #pragma unroll
-      for (int ks = 0; ks < 4; ++ks) Wgmma<kMTile, kBf16>::run(acc, a[ks], sw128_desc(x_addr + ks * 32));
+      for (int ks = 0; ks < 4; ++ks) Wgmma<kMTile, kBf16>::run(acc, a[ks], x_desc + 2 * ks);
     }
     wgmma_commit();
     // The next loads go out while the tensor cores work.
@@ -597,6 +657,7 @@ __global__ void __launch_bounds__(kCtaThreads<kMTile, kDense>, kMinCtasPerSm<kMT
       fence_accumulators(acc);
       mbar_arrive(empty_bar + 8 * s);
     }
+    if (++s == kStages) s = 0, phase ^= 1;
     if constexpr (kStreamK)
       if (j + 1 == first_piece && first_piece < n) {
         // Stream-K: the range's first tile ends here, and since the range
@@ -766,10 +827,10 @@ __global__ void wgmma_probe_kernel(int* out) {
 #endif
 }
 
-template <typename T, int kMTile, bool kFloatZero, bool kStreamK = false, bool kDense = false,
+template <typename T, int kMTile, bool kFloatZero, bool kOneGroup, bool kStreamK = false, bool kDense = false,
           bool kScaleAfter = false>
 void launch_typed(const WgmmaArgs& args, cudaStream_t stream) {
-  auto kernel = w4a16_wgmma_kernel<T, kMTile, kFloatZero, kStreamK, kDense, kScaleAfter>;
+  auto kernel = w4a16_wgmma_kernel<T, kMTile, kFloatZero, kStreamK, kDense, kOneGroup, kScaleAfter>;
   cuda::ensure_dynamic_smem(kernel, Smem<kMTile>::kBytes);
   const CUtensorMap map = encode_x_tensor_map(args, x_box_rows<kMTile>(args.M), std::is_same_v<T, __nv_bfloat16>);
   const unsigned row_tiles = static_cast<unsigned>((args.M + kMTile - 1) / kMTile);
@@ -785,32 +846,39 @@ void launch_typed(const WgmmaArgs& args, cudaStream_t stream) {
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
 
-template <typename T, bool kFloatZero>
+template <typename T, bool kFloatZero, bool kOneGroup>
 void launch_rows(const WgmmaArgs& args, int rows_per_tile, bool dense, cudaStream_t stream) {
+  constexpr bool kG = kOneGroup;
   switch (rows_per_tile) {
     case 16:
-      if constexpr (!kFloatZero)
+      if constexpr (!kFloatZero && kOneGroup)
         if (wgmma_scale_after_applies(16, false, args.group_shift))
-          return launch_typed<T, 16, false, false, false, true>(args, stream);
-      return launch_typed<T, 16, kFloatZero>(args, stream);
+          return launch_typed<T, 16, false, true, false, false, true>(args, stream);
+      return launch_typed<T, 16, kFloatZero, kG>(args, stream);
     case 32:
-      if constexpr (!kFloatZero)
+      if constexpr (!kFloatZero && kOneGroup)
         if (wgmma_scale_after_applies(32, false, args.group_shift))
-          return launch_typed<T, 32, false, false, false, true>(args, stream);
-      return launch_typed<T, 32, kFloatZero>(args, stream);
+          return launch_typed<T, 32, false, true, false, false, true>(args, stream);
+      return launch_typed<T, 32, kFloatZero, kG>(args, stream);
     case 64:
       if (dense)
-        return args.stream_k_ctas > 0 ? launch_typed<T, 64, kFloatZero, true, true>(args, stream)
-                                      : launch_typed<T, 64, kFloatZero, false, true>(args, stream);
-      return args.stream_k_ctas > 0 ? launch_typed<T, 64, kFloatZero, true>(args, stream)
-                                    : launch_typed<T, 64, kFloatZero>(args, stream);
+        return args.stream_k_ctas > 0 ? launch_typed<T, 64, kFloatZero, kG, true, true>(args, stream)
+                                      : launch_typed<T, 64, kFloatZero, kG, false, true>(args, stream);
+      return args.stream_k_ctas > 0 ? launch_typed<T, 64, kFloatZero, kG, true>(args, stream)
+                                    : launch_typed<T, 64, kFloatZero, kG>(args, stream);
     case 128:
-      return args.stream_k_ctas > 0 ? launch_typed<T, 128, kFloatZero, true>(args, stream)
-                                    : launch_typed<T, 128, kFloatZero>(args, stream);
+      return args.stream_k_ctas > 0 ? launch_typed<T, 128, kFloatZero, kG, true>(args, stream)
+                                    : launch_typed<T, 128, kFloatZero, kG>(args, stream);
     default:
-      return args.stream_k_ctas > 0 ? launch_typed<T, 256, kFloatZero, true>(args, stream)
-                                    : launch_typed<T, 256, kFloatZero>(args, stream);
+      return args.stream_k_ctas > 0 ? launch_typed<T, 256, kFloatZero, kG, true>(args, stream)
+                                    : launch_typed<T, 256, kFloatZero, kG>(args, stream);
   }
+}
+
+template <typename T, bool kFloatZero>
+void launch_groups(const WgmmaArgs& args, int rows_per_tile, bool dense, cudaStream_t stream) {
+  if (wgmma_one_scale_group(args.group_shift)) return launch_rows<T, kFloatZero, true>(args, rows_per_tile, dense, stream);
+  launch_rows<T, kFloatZero, false>(args, rows_per_tile, dense, stream);
 }
 
 }  // namespace
@@ -852,8 +920,10 @@ CUtensorMap encode_x_tensor_map(const TiledGemmArgs& a, int rows, bool bf16) {
 
 bool wgmma_scale_after_applies(int rows_per_tile, bool float_zero, int group_shift) {
   static const bool off = cuda::switched_off_by_env("LOWBIT_WGMMA_SCALE_AFTER");
-  return !off && rows_per_tile <= kScaleAfterMaxRows && !float_zero && (group_shift < 0 || group_shift >= 6);
+  return !off && rows_per_tile <= kScaleAfterMaxRows && !float_zero && wgmma_one_scale_group(group_shift);
 }
+
+bool wgmma_one_scale_group(int group_shift) { return group_shift < 0 || group_shift >= 6; }
 
 int wgmma_rows_per_tile(int64_t M) {
   return M <= 16 ? 16 : (M <= 32 ? 32 : (M <= 64 ? 64 : (M <= 128 ? 128 : 256)));
@@ -892,8 +962,8 @@ int query_ctas_per_sm(int rows_per_tile, bool bf16, bool dense) {
   auto query = [&](auto rows, auto is_dense) {
     constexpr int kRows = decltype(rows)::value;
     constexpr bool kIsDense = decltype(is_dense)::value;
-    auto kernel = bf16 ? w4a16_wgmma_kernel<__nv_bfloat16, kRows, false, false, kIsDense>
-                       : w4a16_wgmma_kernel<half, kRows, false, false, kIsDense>;
+    auto kernel = bf16 ? w4a16_wgmma_kernel<__nv_bfloat16, kRows, false, false, kIsDense, true>
+                       : w4a16_wgmma_kernel<half, kRows, false, false, kIsDense, true>;
     cuda::ensure_dynamic_smem(kernel, Smem<kRows>::kBytes);
     LOWBIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kCtaThreads<kRows, kIsDense>,
                                                                     Smem<kRows>::kBytes));
@@ -960,14 +1030,14 @@ void launch_wgmma(const WgmmaArgs& args, int rows_per_tile, bool dense, bool bf1
          args.stream_k_ctas, ", tiles ", tiles, ", k-iterations per tile ", args.iters, ")");
   if (bf16) {
     if (float_zero)
-      launch_rows<__nv_bfloat16, true>(args, rows_per_tile, dense, stream);
+      launch_groups<__nv_bfloat16, true>(args, rows_per_tile, dense, stream);
     else
-      launch_rows<__nv_bfloat16, false>(args, rows_per_tile, dense, stream);
+      launch_groups<__nv_bfloat16, false>(args, rows_per_tile, dense, stream);
   } else {
     if (float_zero)
-      launch_rows<half, true>(args, rows_per_tile, dense, stream);
+      launch_groups<half, true>(args, rows_per_tile, dense, stream);
     else
-      launch_rows<half, false>(args, rows_per_tile, dense, stream);
+      launch_groups<half, false>(args, rows_per_tile, dense, stream);
   }
 }
 

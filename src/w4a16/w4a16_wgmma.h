@@ -30,6 +30,10 @@ int wgmma_ctas_per_sm(int rows_per_tile, bool bf16, bool dense = false);
 // this many rows: the decode tiles balance their CTAs by split_k alone, and
 // their kernels do not carry the tail's fix-up code.
 inline constexpr int kWgmmaMinTailRows = 64;
+// At most one scale group per k-iteration of 64 rows of K: groups of 64+
+// rows, or per channel (group_shift < 0). The kernel has instances for
+// either case (kOneGroup in w4a16_wgmma.cu).
+bool wgmma_one_scale_group(int group_shift);
 // The tiles whose kernel applies the scales after the wgmma (kScaleAfter in
 // w4a16_wgmma.cu), where wgmma_scale_after_applies says so: 16 and 32 rows.
 inline constexpr int kScaleAfterMaxRows = 32;
