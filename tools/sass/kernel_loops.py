@@ -65,8 +65,14 @@ def is_mma(text):
     return re.match(r"(@!?U?P\w+\s+)?H(G)?MMA\b", text) is not None
 
 
+def is_special_register_read(text):
+    """S2R / S2UR: a read of a special register (%tid, %ctaid, the shared window's base SR_CgaCtaId).
+    Inside a hot loop it means the compiler rebuilt a value it could have kept (docs/w4a16-gemm.md, v41)."""
+    return re.match(r"(@!?U?P\w+\s+)?S2U?R\b", text) is not None
+
+
 def main_loop(instructions):
-    """(HMMA count, length) of the smallest innermost loop with the most HMMA, or None.
+    """(HMMA count, length, special-register reads) of the smallest innermost loop with the most HMMA, or None.
 
     Innermost: a backward branch whose span holds another loop with HMMA is an
     outer loop (e.g. one that spans an unrolled loop and another copy of its
@@ -89,7 +95,8 @@ def main_loop(instructions):
             continue
         length = last - first + 1
         if best is None or hmma > best[0] or (hmma == best[0] and length < best[1]):
-            best = (hmma, length)
+            reads = sum(is_special_register_read(t) for _, t in instructions[first:last + 1])
+            best = (hmma, length, reads)
     return best
 
 
@@ -120,13 +127,27 @@ def main():
         formats = {"0": "tq4", "1": "tq3", "2": "tq2", "3": "fp16"}
         label = ("attend_kernel K %s V %s %s d %s" % (formats.get(m.group(1), m.group(1)), formats.get(m.group(2), m.group(2)),
                                                       "wide" if m.group(3) == "1" else "narrow", m.group(4)) if m else name)
+        # w4a16_wgmma_kernel<T, kMTile, kFloatZero, kStreamK, kDense, kOneGroup, kScaleAfter> (v41; before
+        # it, without kOneGroup)
+        m = re.search(r"18w4a16_wgmma_kernelI(6__half|13__nv_bfloat16)Li(\d+)E((?:Lb[01]E){4,5})", name)
+        if m:
+            flags = [f == "1" for f in re.findall(r"Lb([01])E", m.group(3))]
+            words = ["float zero", "stream-K", "dense", "one group", "scale after"]
+            if len(flags) == 4:
+                words.remove("one group")
+            parts = ["w4a16_wgmma", "f16" if "half" in m.group(1) else "bf16", m.group(2) + " rows"]
+            for on, word in zip(flags, words):
+                if on:
+                    parts.append(word)
+            label = " ".join(parts)
         rows.append((label, len(instructions), loop, regs.get(name)))
     if not rows:
         sys.exit("no function matches %r" % args.kernel)
-    print("%-44s %8s %6s %10s %5s" % ("function", "SASS", "HMMA", "loop SASS", "regs"))
+    width = max(44, max(len(label) for label, _, _, _ in rows))
+    print("%-*s %8s %6s %10s %8s %5s" % (width, "function", "SASS", "HMMA", "loop SASS", "loop S2R", "regs"))
     for label, total, loop, reg in sorted(rows):
-        print("%-44s %8d %6s %10s %5s" % (label, total, loop[0] if loop else "-", loop[1] if loop else "-",
-                                          reg if reg is not None else "-"))
+        print("%-*s %8d %6s %10s %8s %5s" % (width, label, total, loop[0] if loop else "-", loop[1] if loop else "-",
+                                             loop[2] if loop else "-", reg if reg is not None else "-"))
 
 
 if __name__ == "__main__":
