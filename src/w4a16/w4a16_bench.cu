@@ -66,8 +66,8 @@ void run_w4a16_gemm_benchmark(const W4A16BenchOptions& options) {
   std::unique_ptr<bench::JsonRowsWriter> json;
   if (!options.json_path.empty()) json = std::make_unique<bench::JsonRowsWriter>(options.json_path);
   cuda::announce_launch_switches(json.get());
-  std::printf("W4A16 wgmma: 16- and 32-row tiles scale after the product %s (LOWBIT_WGMMA_SCALE_AFTER; each JSON "
-              "row's wgmma_scale_after says whether its plan ran them)\n",
+  std::printf("W4A16 wgmma: the 16-row tile scales after the product %s (LOWBIT_WGMMA_SCALE_AFTER; each JSON "
+              "row's wgmma_scale_after says whether its plan ran it)\n",
               w4a16_detail::wgmma_scale_after_applies(16, false, 7) ? "on" : "off");
 
   cuda::CublasHandle cublas;

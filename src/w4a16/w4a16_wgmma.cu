@@ -272,17 +272,19 @@ constexpr bool kHasProducer = !kDense && (kMTile == 64 || kMTile == 256);
 template <int kMTile, bool kDense>
 constexpr int kCtaThreads = kThreads + (!kHasProducer<kMTile, kDense> ? 0 : kMTile == 256 ? 128 : 32);
 //
-// kScaleAfter (the 16- and 32-row tiles, integer zero points, one scale
-// group per k-iteration or per channel: wgmma_scale_after_applies):
+// kScaleAfter (the 16-row tile, integer zero points, one scale group per
+// k-iteration or per channel: wgmma_scale_after_applies):
 // the A operands are the exact q - z (one LOP3 and one HSUB2/HFMA2 per
 // register pair, no multiply by s), the wgmma instructions accumulate into
 // `raw`, which restarts at each scale group (scale-d = 0 on the group's
 // first wgmma), and after a group's last k-iteration acc += s * raw, one
-// FFMA per accumulator. At 16-32 rows the wgmma work per k-iteration is
+// FFMA per accumulator. At 5-16 rows the wgmma work per k-iteration is
 // small and the dequantization is most of a warpgroup's serial chain (wait
 // for the stage, dequantize, wgmma, wait for it): this takes the 16 HMUL2 per
-// thread and k-iteration out of it for 8 (32 rows: 16) FFMA per group
-// (docs/w4a16-gemm.md, v40: +1-8% at 5-32 rows on an H200, by lease).
+// thread and k-iteration out of it for 8 FFMA per group (docs/w4a16-gemm.md,
+// v40: +1-8% at 5-32 rows on an H200, by lease). The 32-row tile had it too
+// until v41's shorter k-loop, after which it ran 4-7% faster without it
+// (its 16 more `raw` registers at 64 made ptxas rebuild addresses in the loop).
 // The weights are then not rounded to 16 bits before the products, as in
 // the gemv kernel.
 //
@@ -303,7 +305,7 @@ __global__ void __launch_bounds__(kCtaThreads<kMTile, kDense>, kMinCtasPerSm<kMT
   static_assert(!kStreamK || kMTile >= kWgmmaMinTailRows, "stream-K runs tiles of 64 rows and more");
   static_assert(!kDense || kMTile == kWgmmaDenseRows, "only the 64-row tile has a three-CTA build");
   static_assert(!kScaleAfter || (kMTile <= kScaleAfterMaxRows && !kFloatZero && !kStreamK && kOneGroup),
-                "the scale after the wgmma: 16- and 32-row tiles with integer zero points and one group per "
+                "the scale after the wgmma: 16-row tiles with integer zero points and one group per "
                 "k-iteration only");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using S = Smem<kMTile>;
@@ -856,9 +858,6 @@ void launch_rows(const WgmmaArgs& args, int rows_per_tile, bool dense, cudaStrea
           return launch_typed<T, 16, false, true, false, false, true>(args, stream);
       return launch_typed<T, 16, kFloatZero, kG>(args, stream);
     case 32:
-      if constexpr (!kFloatZero && kOneGroup)
-        if (wgmma_scale_after_applies(32, false, args.group_shift))
-          return launch_typed<T, 32, false, true, false, false, true>(args, stream);
       return launch_typed<T, 32, kFloatZero, kG>(args, stream);
     case 64:
       if (dense)

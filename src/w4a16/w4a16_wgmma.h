@@ -35,8 +35,10 @@ inline constexpr int kWgmmaMinTailRows = 64;
 // either case (kOneGroup in w4a16_wgmma.cu).
 bool wgmma_one_scale_group(int group_shift);
 // The tiles whose kernel applies the scales after the wgmma (kScaleAfter in
-// w4a16_wgmma.cu), where wgmma_scale_after_applies says so: 16 and 32 rows.
-inline constexpr int kScaleAfterMaxRows = 32;
+// w4a16_wgmma.cu), where wgmma_scale_after_applies says so: 16 rows. (v40
+// had 32 too; since v41's shorter k-loop the 32-row tile is 4-7% faster
+// without it: docs/w4a16-gemm.md, v41.)
+inline constexpr int kScaleAfterMaxRows = 16;
 // True for tiles of at most kScaleAfterMaxRows rows, integer zero points and at most one
 // scale group per k-iteration (groups of 64+ rows or per channel), unless the
 // environment sets LOWBIT_WGMMA_SCALE_AFTER=0 (to measure without it).

@@ -980,10 +980,12 @@ TEST(W4A16Gemm, WgmmaEveryTileAndOddColumnBlocks) {
   EXPECT_TRUE(test::throws_error([&] { (void)w4a16_plan(4, w, bad); }, ErrorKind::invalid_argument, {"rows_per_tile"}));
 }
 
-// The 16- and 32-row tiles with integer zero points and one scale group per
-// k-iteration or per channel apply the scales after the wgmma (kScaleAfter in
+// The 16-row tile with integer zero points and one scale group per
+// k-iteration or per channel applies the scales after the wgmma (kScaleAfter in
 // w4a16_wgmma.cu): each scale group's sums start afresh and are scaled after
-// its last k-iteration. K splits whose ranges start and end inside a group
+// its last k-iteration (7 rows). 23 rows run the 32-row tile, which multiplies
+// each weight by its scale (v40 scaled after the product there too) with the
+// one-group instances of v41 (kOneGroup). K splits whose ranges start and end inside a group
 // (K = 1280, 20 k-iterations; groups of 256 rows are 4 of them; split 3 cuts
 // at 6 and 13), groups of 64 and 128, per channel, and group 32 (which keeps
 // the multiply per weight) beside them; a row count for each tile and both
