@@ -295,9 +295,10 @@ constexpr int kCtaThreads = kThreads + (!kHasProducer<kMTile, kDense> ? 0 : kMTi
 // run time, the kernels carried the second group's loads and register
 // copies in every k-iteration, and the CTA's producing thread a loop over
 // the copies: the 64-row loop 122 -> 101 SASS instructions per warp, the
-// loops with thread 0 producing (16, 32, 128 rows, dense 64) ~210 -> ~170
-// (tools/sass/kernel_loops.py, docs/w4a16-gemm.md, v41). Group 32 (GGUF's
-// Q4_0 / Q4_1) keeps the instances with two groups per k-iteration.
+// loops with thread 0 producing (16, 32, 128 rows, dense 64) ~310 -> ~170
+// (tools/sass/kernel_loops.py). With the opaque addresses of the K loop
+// below: +6-9% at 8-128 rows on an H200 (docs/w4a16-gemm.md, v41). Group 32
+// (GGUF's Q4_0 / Q4_1) keeps the instances with two groups per k-iteration.
 template <typename T, int kMTile, bool kFloatZero, bool kStreamK, bool kDense, bool kOneGroup,
           bool kScaleAfter = false>
 __global__ void __launch_bounds__(kCtaThreads<kMTile, kDense>, kMinCtasPerSm<kMTile, kDense>)
