@@ -414,7 +414,8 @@ __global__ void __launch_bounds__(kCtaThreads<kMTile, kDense>, kMinCtasPerSm<kMT
     const int group0 = args.group_shift < 0 ? 0 : k0 >> args.group_shift;
     bulk_load(stage_sz(s), sz_src + static_cast<int64_t>(group0) * args.N_pad, src.sz_bytes, &full[s]);
     if constexpr (!kOneGroup)
-      bulk_load(stage_sz(s) + 128, sz_src + static_cast<int64_t>(group0 + 1) * args.N_pad, src.sz_bytes, &full[s]);
+      bulk_load(stage_sz(s) + 128, sz_src + static_cast<int64_t>(group0 + 1) * args.N_pad, src.sz_bytes,
+                &full[s]);
   };
   auto produce_x = [&](int i) {
     const StageSource src = stage_source(i);
@@ -570,9 +571,11 @@ __global__ void __launch_bounds__(kCtaThreads<kMTile, kDense>, kMinCtasPerSm<kMT
   // instructions per warp, where the four wgmma of a k-iteration take 128
   // tensor-core cycles (docs/w4a16-gemm.md, v41).
   const uint32_t smem_base = opaque_u32(smem_address(smem));
-  const uint32_t full_bar = opaque_u32(smem_address(&full[0])), empty_bar = opaque_u32(smem_address(&empty[0]));
+  const uint32_t full_bar = opaque_u32(smem_address(&full[0]));
+  const uint32_t empty_bar = opaque_u32(smem_address(&empty[0]));
   const uint32_t w_lane = opaque_u32(smem_base + S::kXBytes + 16u * static_cast<uint32_t>(tid));
-  const uint32_t sz_lane = opaque_u32(smem_base + S::kXBytes + S::kWBytes + 4u * static_cast<uint32_t>(wg * 64 + col0));
+  const uint32_t sz_lane =
+      opaque_u32(smem_base + S::kXBytes + S::kWBytes + 4u * static_cast<uint32_t>(wg * 64 + col0));
   const uint64_t x_desc0 = sw128_desc(smem_base);
   int s = 0;            // this k-iteration's slot, j % kStages
   uint32_t phase = 0;   // and the parity of its use, (j / kStages) & 1
@@ -877,7 +880,8 @@ void launch_rows(const WgmmaArgs& args, int rows_per_tile, bool dense, cudaStrea
 
 template <typename T, bool kFloatZero>
 void launch_groups(const WgmmaArgs& args, int rows_per_tile, bool dense, cudaStream_t stream) {
-  if (wgmma_one_scale_group(args.group_shift)) return launch_rows<T, kFloatZero, true>(args, rows_per_tile, dense, stream);
+  if (wgmma_one_scale_group(args.group_shift))
+    return launch_rows<T, kFloatZero, true>(args, rows_per_tile, dense, stream);
   launch_rows<T, kFloatZero, false>(args, rows_per_tile, dense, stream);
 }
 
