@@ -36,11 +36,6 @@ namespace {
 // 2026-11-22); only M = 1, 16, 64 were measured.
 const std::map<int64_t, double> kMarlinGeomean = {{1, 2.16}, {16, 2.13}, {64, 1.47}};
 
-// log2 of the weights' group size, or -1 per channel (the kernels' group_shift).
-int group_shift_of(const W4A16Weights& w) {
-  return w.group_size() > 0 ? __builtin_ctz(static_cast<unsigned>(w.group_size())) : -1;
-}
-
 }  // namespace
 
 void run_w4a16_gemm_benchmark(const W4A16BenchOptions& options) {
@@ -219,9 +214,10 @@ void run_w4a16_gemm_benchmark(const W4A16BenchOptions& options) {
                      {"rows_per_pass", plan.rows_per_pass}, {"tail_tiles", plan.tail_tiles},
                      {"tail_split", plan.tail_split}, {"stream_k_ctas", plan.stream_k_ctas},
                      {"wgmma_dense", plan.wgmma_dense}, {"wgmma_group_rows", plan.wgmma_group_rows},
-                     {"wgmma_scale_after", plan.strategy == W4A16Strategy::wgmma &&
-                                               w4a16_detail::wgmma_scale_after_applies(
-                                                   plan.rows_per_pass, w.float_zero(), group_shift_of(w))},
+                     {"wgmma_scale_after",
+                      plan.strategy == W4A16Strategy::wgmma &&
+                          w4a16_detail::wgmma_scale_after_applies(plan.rows_per_pass, w.float_zero(),
+                                                                  w4a16_detail::group_shift_of(w.group_size()))},
                      {"cublas_us", cublas_us},
                      {"speedup_vs_cublas", speedup}};
         if (json) json->write(row);

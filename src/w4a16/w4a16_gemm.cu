@@ -866,7 +866,7 @@ void w4a16_gemm(const TensorView& x, const W4A16Weights& w, const TensorView& y,
     return;
   }
 
-  const int group_shift = w.group_size() > 0 ? __builtin_ctz(static_cast<unsigned>(w.group_size())) : -1;
+  const int group_shift = w4a16_detail::group_shift_of(w.group_size());
   if (plan.strategy == W4A16Strategy::wgmma) {
     if (!w4a16_wgmma_available(w.device()))
       fail(ErrorKind::unsupported, "W4A16 strategy 'wgmma' needs a compute capability 9.0 device and a build for "

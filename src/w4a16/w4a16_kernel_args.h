@@ -78,4 +78,10 @@ struct TiledGemmArgs {
   size_t weight_stream_bytes;
 };
 
+// TiledGemmArgs::group_shift of a (power-of-two) group size; -1 per channel
+// (group_size <= 0).
+inline int group_shift_of(int group_size) {
+  return group_size > 0 ? __builtin_ctz(static_cast<unsigned>(group_size)) : -1;
+}
+
 }  // namespace lowbit::w4a16_detail

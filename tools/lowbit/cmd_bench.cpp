@@ -21,8 +21,8 @@ void add_gpu_environment_footer(CLI::App& cmd) {
   cmd.footer(
       "Environment: LOWBIT_L2_STREAMING=0 reads the 4-bit weights and the KV cache without the L2 streaming\n"
       "windows that calls reading them once get by default; LOWBIT_PDL=0 launches without programmatic\n"
-      "dependent launch; LOWBIT_WGMMA_SCALE_AFTER=0 runs the 16- and 32-row W4A16 wgmma tiles with a\n"
-      "multiply per weight instead of the scale after the product. All are for measuring without them.");
+      "dependent launch; LOWBIT_WGMMA_SCALE_AFTER=0 runs the 16-row W4A16 wgmma tile with a multiply\n"
+      "per weight instead of the scale after the product. All are for measuring without them.");
 }
 
 void add_bench_command(CLI::App& app) {
