@@ -691,9 +691,21 @@ __global__ void __launch_bounds__(kCtaThreads<kMTile, kDense>, kMinCtasPerSm<kMT
     return;
   }
   int* counter = args.counters + work.tile;
-  if constexpr (kMTile >= kWgmmaMinTailRows) if (work.tail) {
-    // A tail tile's slots: [tail_index][split].
-    float4* slots = reinterpret_cast<float4*>(args.partial) + work.tail_index * n_splits * kSlotFloat4s + tid;
+  if constexpr (kMTile >= kWgmmaMinTailRows) {
+    // Tiles of 64+ rows store each K split's partials as a whole tile in the
+    // accumulators' order, in slots [tile][split] (tail tiles: [tail
+    // index][split]): one coalesced 16-byte store per thread and quad, no
+    // fence per thread, and the last CTA sums with add_partials' loads in
+    // flight. Their uniform splits stored row-major partials before (a
+    // 4-byte store per accumulator, 8 columns x 4 rows per warp
+    // instruction, then a fence per thread), summed one split per L2 round
+    // trip: at 64 rows that epilogue held ~12% of the warps' stall samples
+    // of sq16384 (split 3; docs/w4a16-gemm.md, v42). The sum's order is the
+    // same (split 0, 1, ...), and so are the bits. The code below is then
+    // the 16- and 32-row tiles' alone.
+    const int slot_tile = work.tail ? work.tail_index : work.tile;
+    float4* slots =
+        reinterpret_cast<float4*>(args.partial) + static_cast<int64_t>(slot_tile) * n_splits * kSlotFloat4s + tid;
     store_partial(slots + split * kSlotFloat4s);
     consumer_sync();  // every thread's partials are stored before thread 0's release
     if (tid == 0) last_cta = atomic_add_acq_rel_gpu(counter, 1) == n_splits - 1;
@@ -715,9 +727,8 @@ __global__ void __launch_bounds__(kCtaThreads<kMTile, kDense>, kMinCtasPerSm<kMT
   consumer_sync();
   if (!last_cta) return;
   __threadfence();
-  // The last CTA's sum is a chain of L2 round trips: float4 loads, four per
-  // thread in flight per round, rather than one output at a time (which cost
-  // ~1 us per output per thread for the 256-row tile's 128 outputs each).
+  // The last CTA's sum: float4 loads of the row-major partials, several in
+  // flight per thread, rather than one output at a time.
   const int quads = min(kMTile, args.M - m0) * 32;  // float4 groups of the tile's 128 columns
   const int64_t split_stride = static_cast<int64_t>(args.M) * args.N_pad;
   constexpr int kStagedPerThread = 4;
@@ -754,69 +765,45 @@ __global__ void __launch_bounds__(kCtaThreads<kMTile, kDense>, kMinCtasPerSm<kMT
     if (tid == 0) *counter = 0;
     return;
   }
-  if constexpr (kMTile <= 32) {
-    // Decode tiles from 3 rows on (the staged sum above holds 1-2 rows at
-    // split 16): kSplitsInFlight splits of two quads per L2 round trip, not a
-    // split at a time as below, which made the last CTA walk n_splits round
-    // trips (sq4096 at M = 16, split 16: 16.0-16.4 against 17.2 us on one
-    // H100, the other layers 0-3%). The accumulators are dead here, so
-    // the registers for the loads are free; the sum is taken in split order
-    // as below (the same bits). The larger tiles keep the loop below: with
-    // this one in their code they were 3-6% slower on grids that never run it.
-    constexpr int kQuadsPerThread = 2, kSplitsInFlight = 4;
-    for (int base = tid; base < quads; base += kQuadsPerThread * kThreads) {
-      float4 sum[kQuadsPerThread];
-      const float4* src[kQuadsPerThread];  // this quad's partial of split 0, or null
+  // From 3 rows on (the staged sum above holds 1-2 rows at split 16):
+  // kSplitsInFlight splits of two quads per L2 round trip, not a split at
+  // a time, which made the last CTA walk n_splits round trips (sq4096 at M = 16, split 16: 16.0-16.4 against 17.2 us on one
+  // H100, the other layers 0-3%). The accumulators are dead here, so
+  // the registers for the loads are free; the sum is taken in split order
+  // (the same bits). (The 64+-row tiles returned above: they sum whole-tile
+  // slots.)
+  constexpr int kQuadsPerThread = 2, kSplitsInFlight = 4;
+  for (int base = tid; base < quads; base += kQuadsPerThread * kThreads) {
+    float4 sum[kQuadsPerThread];
+    const float4* src[kQuadsPerThread];  // this quad's partial of split 0, or null
 #pragma unroll
-      for (int u = 0; u < kQuadsPerThread; ++u) {
-        sum[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        const int q = base + u * kThreads;
-        const int row = m0 + q / 32, col = work.col_tile * 128 + (q % 32) * 4;
-        src[u] = q < quads && col < args.N_pad
-                     ? reinterpret_cast<const float4*>(args.partial + static_cast<int64_t>(row) * args.N_pad + col)
-                     : nullptr;
-      }
-      for (int sp0 = 0; sp0 < n_splits; sp0 += kSplitsInFlight) {  // fixed order: bitwise reproducible
-        float4 v[kSplitsInFlight][kQuadsPerThread];
-#pragma unroll
-        for (int i = 0; i < kSplitsInFlight; ++i)
-#pragma unroll
-          for (int u = 0; u < kQuadsPerThread; ++u)
-            if (src[u] != nullptr && sp0 + i < n_splits)
-              v[i][u] = __ldcg(src[u] + (sp0 + i) * (split_stride / 4));
-#pragma unroll
-        for (int i = 0; i < kSplitsInFlight; ++i)
-#pragma unroll
-          for (int u = 0; u < kQuadsPerThread; ++u)
-            if (src[u] != nullptr && sp0 + i < n_splits) add_to(sum[u], v[i][u]);
-      }
-#pragma unroll
-      for (int u = 0; u < kQuadsPerThread; ++u) {
-        const int q = base + u * kThreads;
-        const int row = m0 + q / 32, col = work.col_tile * 128 + (q % 32) * 4;
-        if (q < quads) store_quad(y + static_cast<int64_t>(row) * args.ldy, col, args.N, sum[u]);
-      }
+    for (int u = 0; u < kQuadsPerThread; ++u) {
+      sum[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      const int q = base + u * kThreads;
+      const int row = m0 + q / 32, col = work.col_tile * 128 + (q % 32) * 4;
+      src[u] = q < quads && col < args.N_pad
+                   ? reinterpret_cast<const float4*>(args.partial + static_cast<int64_t>(row) * args.N_pad + col)
+                   : nullptr;
     }
-  } else {
-    for (int base = tid; base < quads; base += 4 * kThreads) {
-      float4 sum[4];
+    for (int sp0 = 0; sp0 < n_splits; sp0 += kSplitsInFlight) {  // fixed order: bitwise reproducible
+      float4 v[kSplitsInFlight][kQuadsPerThread];
 #pragma unroll
-      for (int u = 0; u < 4; ++u) sum[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      for (int sp = 0; sp < n_splits; ++sp)  // fixed order: bitwise reproducible
+      for (int i = 0; i < kSplitsInFlight; ++i)
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          const int q = base + u * kThreads;
-          const int row = m0 + q / 32, col = work.col_tile * 128 + (q % 32) * 4;
-          if (q < quads && col < args.N_pad)
-            add_to(sum[u], __ldcg(reinterpret_cast<const float4*>(args.partial + sp * split_stride +
-                                                                  static_cast<int64_t>(row) * args.N_pad + col)));
-        }
+        for (int u = 0; u < kQuadsPerThread; ++u)
+          if (src[u] != nullptr && sp0 + i < n_splits)
+            v[i][u] = __ldcg(src[u] + (sp0 + i) * (split_stride / 4));
 #pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int q = base + u * kThreads;
-        const int row = m0 + q / 32, col = work.col_tile * 128 + (q % 32) * 4;
-        if (q < quads) store_quad(y + static_cast<int64_t>(row) * args.ldy, col, args.N, sum[u]);
-      }
+      for (int i = 0; i < kSplitsInFlight; ++i)
+#pragma unroll
+        for (int u = 0; u < kQuadsPerThread; ++u)
+          if (src[u] != nullptr && sp0 + i < n_splits) add_to(sum[u], v[i][u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kQuadsPerThread; ++u) {
+      const int q = base + u * kThreads;
+      const int row = m0 + q / 32, col = work.col_tile * 128 + (q % 32) * 4;
+      if (q < quads) store_quad(y + static_cast<int64_t>(row) * args.ldy, col, args.N, sum[u]);
     }
   }
   if (tid == 0) *counter = 0;  // ready for the next call
