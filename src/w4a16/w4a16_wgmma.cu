@@ -767,11 +767,10 @@ __global__ void __launch_bounds__(kCtaThreads<kMTile, kDense>, kMinCtasPerSm<kMT
   }
   // From 3 rows on (the staged sum above holds 1-2 rows at split 16):
   // kSplitsInFlight splits of two quads per L2 round trip, not a split at
-  // a time, which made the last CTA walk n_splits round trips (sq4096 at M = 16, split 16: 16.0-16.4 against 17.2 us on one
-  // H100, the other layers 0-3%). The accumulators are dead here, so
-  // the registers for the loads are free; the sum is taken in split order
-  // (the same bits). (The 64+-row tiles returned above: they sum whole-tile
-  // slots.)
+  // a time, which made the last CTA walk n_splits round trips (sq4096 at
+  // M = 16, split 16: 16.0-16.4 against 17.2 us on one H100, the other
+  // layers 0-3%). The accumulators are dead here, so the registers for the
+  // loads are free; the sum is taken in split order (the same bits).
   constexpr int kQuadsPerThread = 2, kSplitsInFlight = 4;
   for (int base = tid; base < quads; base += kQuadsPerThread * kThreads) {
     float4 sum[kQuadsPerThread];
