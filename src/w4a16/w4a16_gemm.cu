@@ -874,10 +874,9 @@ void w4a16_gemm(const TensorView& x, const W4A16Weights& w, const TensorView& y,
     w4a16_detail::TiledGemmArgs a = tiled_args(xin, ldx, w, y, M, iters, group_shift, plan.split_k);
     const int64_t tiles = (M + plan.rows_per_pass - 1) / plan.rows_per_pass *
                           ((w.N_padded() + w4a16_detail::kWgmmaColsPerTile - 1) / w4a16_detail::kWgmmaColsPerTile);
-    // Slot 2: the partials (tiles of 64+ rows: each split's whole tile of
-    // fp32 accumulators, per tile or per tail tile; stream-K: one whole tile
-    // per CTA; 16 and 32 rows: row-major, ordered by split); slot 3: one
-    // counter per tile (kept zero).
+    // Slot 2: the partials (each split's whole tile of fp32 accumulators,
+    // per tile or per tail tile; stream-K: one whole tile per CTA); slot 3:
+    // one counter per tile (kept zero).
     const size_t tile_bytes =
         static_cast<size_t>(plan.rows_per_pass) * w4a16_detail::kWgmmaColsPerTile * sizeof(float);
     if (plan.stream_k_ctas > 0) {
@@ -891,14 +890,10 @@ void w4a16_gemm(const TensorView& x, const W4A16Weights& w, const TensorView& y,
           2,
           static_cast<size_t>(plan.tail_tiles) * static_cast<size_t>(plan.tail_split) * tile_bytes, false,
           w.device(), stream));
-    } else if (plan.split_k > 1 && plan.rows_per_pass >= w4a16_detail::kWgmmaMinTailRows) {
+    } else if (plan.split_k > 1) {
       a.partial = static_cast<float*>(workspace.scratch(
           2, static_cast<size_t>(tiles) * static_cast<size_t>(plan.split_k) * tile_bytes, false, w.device(),
           stream));
-    } else if (plan.split_k > 1) {
-      a.partial = static_cast<float*>(workspace.scratch(
-          2, static_cast<size_t>(M * w.N_padded()) * static_cast<size_t>(plan.split_k) * sizeof(float), false,
-          w.device(), stream));
     }
     a.group_rows = static_cast<int>(plan.wgmma_group_rows);
     // With one row tile every weight is read once per K split; with more,

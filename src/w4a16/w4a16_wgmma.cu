@@ -499,27 +499,40 @@ __global__ void __launch_bounds__(kCtaThreads<kMTile, kDense>, kMinCtasPerSm<kMT
   // (210 registers of its 255), 8 for the smaller tiles, which run two CTAs
   // per SM within 128 registers.
   auto add_partials = [&](const float4* first, int count) {
-    constexpr int kChunk = kMTile == 256 ? 8 : 4;
+    // kRound splits of kChunk quads per round of loads, 8 loads in flight
+    // per thread (16 for the 256-row tile). The 16- and 32-row tiles'
+    // decode grids split K up to 16 ways: they take two quads of four
+    // splits per round (the 32-row tile at 64 registers spilled with four
+    // quads of two).
+    constexpr int kChunk = kMTile == 256 ? 8 : (kMTile <= 32 ? 2 : 4);
+    constexpr int kRound = kMTile <= 32 ? 4 : 2;
 #pragma unroll
     for (int q0 = 0; q0 < kQuads; q0 += kChunk) {
       int sp = 0;
-      for (; sp + 1 < count; sp += 2) {
-        float4 a0[kChunk], a1[kChunk];
+      for (; sp + kRound <= count; sp += kRound) {
+        float4 a[kRound][kChunk];
 #pragma unroll
-        for (int q = 0; q < kChunk; ++q) {
-          a0[q] = __ldcg(first + sp * kSlotFloat4s + (q0 + q) * kThreads);
-          a1[q] = __ldcg(first + (sp + 1) * kSlotFloat4s + (q0 + q) * kThreads);
-        }
+        for (int r = 0; r < kRound; ++r)
 #pragma unroll
-        for (int q = 0; q < kChunk; ++q) {
-          add_quad(acc, 4 * (q0 + q), a0[q]);
-          add_quad(acc, 4 * (q0 + q), a1[q]);
-        }
-      }
-      if (sp < count) {
+          for (int q = 0; q < kChunk; ++q) a[r][q] = __ldcg(first + (sp + r) * kSlotFloat4s + (q0 + q) * kThreads);
 #pragma unroll
         for (int q = 0; q < kChunk; ++q)
-          add_quad(acc, 4 * (q0 + q), __ldcg(first + sp * kSlotFloat4s + (q0 + q) * kThreads));
+#pragma unroll
+          for (int r = 0; r < kRound; ++r) add_quad(acc, 4 * (q0 + q), a[r][q]);
+      }
+      // The splits left over (at most kRound - 1), one at a time.
+      if constexpr (kRound == 2) {
+        if (sp < count) {
+#pragma unroll
+          for (int q = 0; q < kChunk; ++q)
+            add_quad(acc, 4 * (q0 + q), __ldcg(first + sp * kSlotFloat4s + (q0 + q) * kThreads));
+        }
+      } else {
+        for (; sp < count; ++sp) {
+#pragma unroll
+          for (int q = 0; q < kChunk; ++q)
+            add_quad(acc, 4 * (q0 + q), __ldcg(first + sp * kSlotFloat4s + (q0 + q) * kThreads));
+        }
       }
     }
   };
@@ -691,120 +704,30 @@ __global__ void __launch_bounds__(kCtaThreads<kMTile, kDense>, kMinCtasPerSm<kMT
     return;
   }
   int* counter = args.counters + work.tile;
-  if constexpr (kMTile >= kWgmmaMinTailRows) {
-    // Tiles of 64+ rows store each K split's partials as a whole tile in the
-    // accumulators' order, in slots [tile][split] (tail tiles: [tail
-    // index][split]): one coalesced 16-byte store per thread and quad, no
-    // fence per thread, and the last CTA sums with add_partials' loads in
-    // flight. Their uniform splits stored row-major partials before (a
-    // 4-byte store per accumulator, 8 columns x 4 rows per warp
-    // instruction, then a fence per thread), summed one split per L2 round
-    // trip: at 64 rows that epilogue held ~12% of the warps' stall samples
-    // of sq16384 (split 3; docs/w4a16-gemm.md, v42). The sum's order is the
-    // same (split 0, 1, ...), and so are the bits. The code below is then
-    // the 16- and 32-row tiles' alone.
-    const int slot_tile = work.tail ? work.tail_index : work.tile;
-    float4* slots =
-        reinterpret_cast<float4*>(args.partial) + static_cast<int64_t>(slot_tile) * n_splits * kSlotFloat4s + tid;
-    store_partial(slots + split * kSlotFloat4s);
-    consumer_sync();  // every thread's partials are stored before thread 0's release
-    if (tid == 0) last_cta = atomic_add_acq_rel_gpu(counter, 1) == n_splits - 1;
-    consumer_sync();
-    if (!last_cta) return;
-#pragma unroll
-    for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
-    add_partials(slots, n_splits);
-    store_y();
-    if (tid == 0) *counter = 0;  // ready for the next call
-    return;
-  }
-  float* partial = args.partial + static_cast<int64_t>(split) * args.M * args.N_pad;
-  for_each_output(
-      [&](int row, int col, float v) { __stcg(partial + static_cast<int64_t>(row) * args.N_pad + col, v); });
-  __threadfence();  // this thread's partials are visible device-wide before the count
-  consumer_sync();
-  if (tid == 0) last_cta = atomicAdd(counter, 1) == n_splits - 1;
+  // Every K split stores its partials as a whole tile in the accumulators'
+  // order, in slots [tile][split] (tail tiles: [tail index][split]): one
+  // coalesced 16-byte store per thread and quad, no fence per thread, and
+  // the last CTA sums them with add_partials' loads in flight. Uniform
+  // splits stored row-major partials before ([split][M][N_pad]: a 4-byte
+  // store per accumulator, 8 columns x 4 rows per warp instruction, then a
+  // fence per thread), summed a few splits per L2 round trip: at 64 rows
+  // that epilogue held ~12% of the warps' stall samples of sq16384 (split
+  // 3; docs/w4a16-gemm.md, v42). The sum's order is the same (split 0, 1,
+  // ...), and so are the bits. A slot holds the tile's rows past M too, so
+  // the explicit wgmma strategy at 1-2 rows moves up to 8-16x the bytes it
+  // needs (auto runs the gemv kernel there).
+  const int slot_tile = work.tail ? work.tail_index : work.tile;
+  float4* slots =
+      reinterpret_cast<float4*>(args.partial) + static_cast<int64_t>(slot_tile) * n_splits * kSlotFloat4s + tid;
+  store_partial(slots + split * kSlotFloat4s);
+  consumer_sync();  // every thread's partials are stored before thread 0's release
+  if (tid == 0) last_cta = atomic_add_acq_rel_gpu(counter, 1) == n_splits - 1;
   consumer_sync();
   if (!last_cta) return;
-  __threadfence();
-  // The last CTA's sum: float4 loads of the row-major partials, several in
-  // flight per thread, rather than one output at a time.
-  const int quads = min(kMTile, args.M - m0) * 32;  // float4 groups of the tile's 128 columns
-  const int64_t split_stride = static_cast<int64_t>(args.M) * args.N_pad;
-  constexpr int kStagedPerThread = 4;
-  if (quads * n_splits <= kStagedPerThread * kThreads) {
-    // Decode (a row or two, split 8-16): the loop below would have 32-64
-    // threads walk the splits one L2 round trip at a time. Instead all
-    // threads load the (split, group) pairs at once, up to 4 each, into the
-    // idle stage memory (16 KB at most); then each thread sums groups in the
-    // same order as the loop (the same bits).
-    float4* staged = reinterpret_cast<float4*>(smem);
-    const int pairs = quads * n_splits;
-    consumer_sync();  // every warpgroup is done with the stages
-    float4 v[kStagedPerThread];
 #pragma unroll
-    for (int u = 0; u < kStagedPerThread; ++u) {
-      const int i = tid + u * kThreads, sp = i / quads, q = i % quads;
-      const int row = m0 + q / 32, col = work.col_tile * 128 + (q % 32) * 4;
-      v[u] = i < pairs && col < args.N_pad
-                 ? __ldcg(reinterpret_cast<const float4*>(args.partial + sp * split_stride +
-                                                          static_cast<int64_t>(row) * args.N_pad + col))
-                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-#pragma unroll
-    for (int u = 0; u < kStagedPerThread; ++u)
-      if (tid + u * kThreads < pairs) staged[tid + u * kThreads] = v[u];
-    consumer_sync();
-    // quads exceeds the thread count from 9 rows on (16-row tile at split 2).
-    for (int q = tid; q < quads; q += kThreads) {
-      const int row = m0 + q / 32, col = work.col_tile * 128 + (q % 32) * 4;
-      float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      for (int sp = 0; sp < n_splits; ++sp) add_to(sum, staged[sp * quads + q]);
-      store_quad(y + static_cast<int64_t>(row) * args.ldy, col, args.N, sum);
-    }
-    if (tid == 0) *counter = 0;
-    return;
-  }
-  // From 3 rows on (the staged sum above holds 1-2 rows at split 16):
-  // kSplitsInFlight splits of two quads per L2 round trip, not a split at
-  // a time, which made the last CTA walk n_splits round trips (sq4096 at
-  // M = 16, split 16: 16.0-16.4 against 17.2 us on one H100, the other
-  // layers 0-3%). The accumulators are dead here, so the registers for the
-  // loads are free; the sum is taken in split order (the same bits).
-  constexpr int kQuadsPerThread = 2, kSplitsInFlight = 4;
-  for (int base = tid; base < quads; base += kQuadsPerThread * kThreads) {
-    float4 sum[kQuadsPerThread];
-    const float4* src[kQuadsPerThread];  // this quad's partial of split 0, or null
-#pragma unroll
-    for (int u = 0; u < kQuadsPerThread; ++u) {
-      sum[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      const int q = base + u * kThreads;
-      const int row = m0 + q / 32, col = work.col_tile * 128 + (q % 32) * 4;
-      src[u] = q < quads && col < args.N_pad
-                   ? reinterpret_cast<const float4*>(args.partial + static_cast<int64_t>(row) * args.N_pad + col)
-                   : nullptr;
-    }
-    for (int sp0 = 0; sp0 < n_splits; sp0 += kSplitsInFlight) {  // fixed order: bitwise reproducible
-      float4 v[kSplitsInFlight][kQuadsPerThread];
-#pragma unroll
-      for (int i = 0; i < kSplitsInFlight; ++i)
-#pragma unroll
-        for (int u = 0; u < kQuadsPerThread; ++u)
-          if (src[u] != nullptr && sp0 + i < n_splits)
-            v[i][u] = __ldcg(src[u] + (sp0 + i) * (split_stride / 4));
-#pragma unroll
-      for (int i = 0; i < kSplitsInFlight; ++i)
-#pragma unroll
-        for (int u = 0; u < kQuadsPerThread; ++u)
-          if (src[u] != nullptr && sp0 + i < n_splits) add_to(sum[u], v[i][u]);
-    }
-#pragma unroll
-    for (int u = 0; u < kQuadsPerThread; ++u) {
-      const int q = base + u * kThreads;
-      const int row = m0 + q / 32, col = work.col_tile * 128 + (q % 32) * 4;
-      if (q < quads) store_quad(y + static_cast<int64_t>(row) * args.ldy, col, args.N, sum[u]);
-    }
-  }
+  for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+  add_partials(slots, n_splits);
+  store_y();
   if (tid == 0) *counter = 0;  // ready for the next call
 #else
   (void)args;  // built without sm_90a: wgmma_supported() keeps this from being launched
