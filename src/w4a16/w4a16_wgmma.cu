@@ -494,16 +494,13 @@ __global__ void __launch_bounds__(kCtaThreads<kMTile, kDense>, kMinCtasPerSm<kMT
       __stcg(slot + q * kThreads, make_float4(acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]));
   };
   // acc += slots first, first + 1, ..., first + count - 1, in that order
-  // (the same bits whichever CTA sums), kChunk quads of two slots per round:
-  // 16 loads in flight per thread beside the 256-row tile's 128 accumulators
-  // (210 registers of its 255), 8 for the smaller tiles, which run two CTAs
-  // per SM within 128 registers.
+  // (the same bits whichever CTA sums), kChunk quads of kRound slots per
+  // round of loads: 16 in flight per thread beside the 256-row tile's 128
+  // accumulators (210 registers of its 255), 8 for the other tiles, within
+  // their 64-128 registers. The 16- and 32-row tiles' decode grids split K
+  // up to 16 ways, so they take two quads of four splits per round (the
+  // 32-row tile spilled at its 64 registers with four quads of two).
   auto add_partials = [&](const float4* first, int count) {
-    // kRound splits of kChunk quads per round of loads, 8 loads in flight
-    // per thread (16 for the 256-row tile). The 16- and 32-row tiles'
-    // decode grids split K up to 16 ways: they take two quads of four
-    // splits per round (the 32-row tile at 64 registers spilled with four
-    // quads of two).
     constexpr int kChunk = kMTile == 256 ? 8 : (kMTile <= 32 ? 2 : 4);
     constexpr int kRound = kMTile <= 32 ? 4 : 2;
 #pragma unroll
@@ -520,7 +517,9 @@ __global__ void __launch_bounds__(kCtaThreads<kMTile, kDense>, kMinCtasPerSm<kMT
 #pragma unroll
           for (int r = 0; r < kRound; ++r) add_quad(acc, 4 * (q0 + q), a[r][q]);
       }
-      // The splits left over (at most kRound - 1), one at a time.
+      // The splits left over (at most kRound - 1), one at a time. At two
+      // per round an `if`: a loop there took the two-CTA 64-row instance
+      // from 80 to 91 registers.
       if constexpr (kRound == 2) {
         if (sp < count) {
 #pragma unroll
