@@ -480,12 +480,12 @@ __global__ void __launch_bounds__(kCtaThreads<kMTile, kDense>, kMinCtasPerSm<kMT
       if (col < args.N) y[static_cast<int64_t>(row) * args.ldy + col] = from_float<T>(v);
     });
   };
-  // Tail tiles and stream-K store a tile's partials in the accumulators' own
-  // order ([slot][quad][thread] float4), so that the CTA that sums them reads
-  // each slot with kAcc / 4 independent 16-byte loads per thread: the fix-up
-  // is then bound by L2 bandwidth (~128 KB per slot for the 256-row tile),
-  // not by a chain of round trips, and its cost is what the plan's split
-  // choice weighs against the shorter K range.
+  // K splits, tail tiles and stream-K store a tile's partials in the
+  // accumulators' own order ([slot][quad][thread] float4), so that the CTA
+  // that sums them reads each slot with kAcc / 4 independent 16-byte loads
+  // per thread: the fix-up is then bound by L2 bandwidth (~128 KB per slot
+  // for the 256-row tile), not by a chain of round trips, and its cost is
+  // what the plan's split choice weighs against the shorter K range.
   constexpr int kQuads = kAcc / 4;
   constexpr int64_t kSlotFloat4s = int64_t{kQuads} * kThreads;
   auto store_partial = [&](float4* slot) {
