@@ -181,9 +181,7 @@ template <typename T> __device__ __forceinline__ T from_float(float v);
 template <> __device__ __forceinline__ half from_float<half>(float v) { return __float2half_rn(v); }
 template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
-// The split-K sums: element-wise float4 accumulation, and a store of four
-// consecutive outputs of a row that stops at column n (y_row points at the
-// row's column 0).
+// The split-K sums: element-wise float4 accumulation.
 __device__ __forceinline__ void add_to(float4& sum, const float4& p) {
   sum.x += p.x;
   sum.y += p.y;
@@ -199,14 +197,6 @@ __device__ __forceinline__ void add_quad(float (&acc)[N], int i, const float4& p
   acc[i + 2] += p.z;
   acc[i + 3] += p.w;
 }
-template <typename T>
-__device__ __forceinline__ void store_quad(T* y_row, int col, int n, const float4& v) {
-  const float out[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int e = 0; e < 4; ++e)
-    if (col + e < n) y_row[col + e] = from_float<T>(out[e]);
-}
-
 // The split-K count. Thread 0's add is a release (after the barrier that
 // follows every thread's partial stores, it publishes them device-wide) and
 // an acquire (with the barrier after it, the last CTA's loads of the other
@@ -215,7 +205,7 @@ __device__ __forceinline__ void store_quad(T* y_row, int col, int n, const float
 // another after it in the last CTA: fences on the critical path of every
 // K-split call (the count and the last CTA's sum took ~2.5-3.5 us of a
 // decode step's GEMM, measured with per-CTA timer stamps). Used by the gemv
-// kernel's split-K paths and the wgmma kernel's tail tiles.
+// kernel's split-K paths and the wgmma kernel's K splits and tail tiles.
 __device__ __forceinline__ int atomic_add_acq_rel_gpu(int* p, int v) {
   int old;
   asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
