@@ -46,6 +46,10 @@
 //     (v38), and with the rest of v39 the Qwen3-14B decode step 279 -> 305
 //     tok/s on an H200 (docs/w4a16-gemm.md, v39). Group 32's instances have
 //     no one-row copy.
+//   - Group 128 (fold windows of two k-iterations) runs most of its range in
+//     a loop over whole windows with no per-iteration tests (~54 SASS per
+//     k-iteration at one row, v43); other groups, and each range's first
+//     and last iterations, take the general loop.
 //   - The ring is walked by running shared addresses (the slot read, the
 //     slot refilled), and a slot's scale words are a fixed map of its codes'
 //     address: no slot index arithmetic per k-iteration.
@@ -599,20 +603,24 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
     return kScaleWords == 4 ? codes_addr + scales_of_codes : (codes_addr >> 1) + scales_of_codes;
   };
   int next_it = i0;
-  auto issue = [&](uint32_t codes_dst) {
+  auto copy_codes = [&](uint32_t codes_dst) {
     cp_async16_bypass(codes_dst, next_codes);
     next_codes += iter_stride;
-    if (ends_window(next_it)) {
-      const uint32_t* sz = next_scales;
-      next_scales += scale_step;
-      const uint32_t dst = scales_addr(codes_dst);
-      cp_async4(dst, sz);
-      cp_async4(dst + 4, sz + 8);
-      if constexpr (kTwoGroups) {
-        cp_async4(dst + 8, sz + args.N_pad);
-        cp_async4(dst + 12, sz + args.N_pad + 8);
-      }
+  };
+  auto copy_scales = [&](uint32_t codes_dst) {
+    const uint32_t* sz = next_scales;
+    next_scales += scale_step;
+    const uint32_t dst = scales_addr(codes_dst);
+    cp_async4(dst, sz);
+    cp_async4(dst + 4, sz + 8);
+    if constexpr (kTwoGroups) {
+      cp_async4(dst + 8, sz + args.N_pad);
+      cp_async4(dst + 12, sz + args.N_pad + 8);
     }
+  };
+  auto issue = [&](uint32_t codes_dst) {
+    copy_codes(codes_dst);
+    if (ends_window(next_it)) copy_scales(codes_dst);
     ++next_it;
   };
 #pragma unroll
@@ -776,8 +784,11 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
   // window, v38).
   const float4* sums_a = window_sums + row_a * range_max;
   const int sums_b_offset = (row_b - row_a) * range_max;
-  for (int it = i0; it < i1; ++it) {
-    if (next_it < i1) issue(issue_codes);
+  // One k-iteration: `refill` (the slot read last iteration gets a later
+  // iteration's copies, which it issues), the wait for this iteration's slot,
+  // its four mma, and the fold when `fold`.
+  auto iteration = [&](auto&& refill, bool fold) {
+    refill(issue_codes);
     cp_async_commit();
     cp_async_wait<kDepth - 1>();
     const uint4 c = ld_shared_u4(read_codes);
@@ -800,7 +811,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
       const uint32_t b[2] = {xw[2 * j], xw[2 * j + 1]};
       mma_16816<T>(d[kTwoGroups && j >= 2 ? 1 : 0], a, b);
     }
-    if (!ends_window(it)) continue;  // uniform: the window's codes keep accumulating
+    if (!fold) return;  // uniform: the window's codes keep accumulating
     // acc[e] += s * (dot - bias * S') + offset * X for the lane's columns and
     // rows; at M = 1 only D column 0 (acc[0], acc[2]) is real, and the fold
     // skips the other row (a uniform branch: fewer instructions per byte).
@@ -810,7 +821,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
     const float4 sa = *sums_a;
     const float4* sums_b = sums_a + sums_b_offset;
     ++sums_a;
-    auto fold = [&](float (&dd)[4], uint32_t w0_word, uint32_t w1_word, float2 a, auto b_of_sums) {
+    auto fold_window = [&](float (&dd)[4], uint32_t w0_word, uint32_t w1_word, float2 a, auto b_of_sums) {
       float s0, o0, s1, o1;
       column_scale_offset<T, kFloatZero>(w0_word, s0, o0);
       column_scale_offset<T, kFloatZero>(w1_word, s1, o1);
@@ -827,12 +838,53 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
     uint32_t sc[kScaleWords];
     ld_shared_words<kScaleWords>(sc_addr, sc);
     if constexpr (kTwoGroups) {
-      fold(d[0], sc[0], sc[1], make_float2(sa.x, sa.y), [](float4 b) { return make_float2(b.x, b.y); });
-      fold(d[1], sc[2], sc[3], make_float2(sa.z, sa.w), [](float4 b) { return make_float2(b.z, b.w); });
+      fold_window(d[0], sc[0], sc[1], make_float2(sa.x, sa.y), [](float4 b) { return make_float2(b.x, b.y); });
+      fold_window(d[1], sc[2], sc[3], make_float2(sa.z, sa.w), [](float4 b) { return make_float2(b.z, b.w); });
     } else {
-      fold(d[0], sc[0], sc[1], make_float2(sa.x, sa.y), [](float4 b) { return make_float2(b.x, b.y); });
+      fold_window(d[0], sc[0], sc[1], make_float2(sa.x, sa.y), [](float4 b) { return make_float2(b.x, b.y); });
+    }
+  };
+  // Any window length: each iteration tests whether it has a refill to
+  // issue, whether that copy carries scales and whether it ends a window.
+  auto refill_if_left = [&](uint32_t slot) {
+    if (next_it < i1) issue(slot);
+  };
+  int it = i0;
+  // Windows of two k-iterations (group 128, the decode step's weights): the
+  // loop goes window by window while both refills of a window stay inside
+  // the range and short of its last iteration. Which refill carries scales
+  // and which iteration folds then follows from the parity alone, so those
+  // tests, the refill guard and the refill count leave the loop, which has
+  // no branch but its back edge: f16 at one row 107 SASS instructions per
+  // two k-iterations where the loop below executes ~138 (with more rows 120
+  // against ~180; tools/sass/kernel_loops.py). The kernel issues at a
+  // near-fixed rate (v38), so its loop time follows that count. Same copies,
+  // mma and folds in the same order as the loop below: the same bits.
+  if (!kTwoGroups && fold_mask == 1) {
+    if ((it & 1) != 0 && it < i1) {  // a range that starts mid-window: its first iteration ends that window
+      iteration(refill_if_left, true);
+      ++it;
+    }
+    // Iteration `it` (even) refills for it + kDepth - 1, iteration it + 1 for
+    // it + kDepth: the odd one of the two ends a window and copies scales.
+    constexpr bool kFirstCopiesScales = (kDepth % 2) == 0;
+    for (; it + kDepth + 1 < i1; it += 2) {
+      iteration(
+          [&](uint32_t slot) {
+            copy_codes(slot);
+            if (kFirstCopiesScales) copy_scales(slot);
+          },
+          false);
+      iteration(
+          [&](uint32_t slot) {
+            copy_codes(slot);
+            if (!kFirstCopiesScales) copy_scales(slot);
+          },
+          true);
+      next_it += 2;
     }
   }
+  for (; it < i1; ++it) iteration(refill_if_left, ends_window(it));
   cp_async_wait<0>();
   if (!args.early_dependents) cuda::pdl_launch_dependents();
 
