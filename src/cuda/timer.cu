@@ -1,7 +1,9 @@
 #include "lowbit/cuda/timer.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <thread>
 #include <vector>
 
 #include "lowbit/core/error.h"
@@ -80,6 +82,7 @@ bench::TimingStats time_cuda(const std::function<void(cudaStream_t)>& launch,
                              const CudaTimerOptions& options) {
   LOWBIT_CHECK_ARG(options.warmup >= 0, "warmup", options.warmup, "a count >= 0");
   LOWBIT_CHECK_ARG(options.reps >= 1, "reps", options.reps, "a count >= 1");
+  LOWBIT_CHECK_ARG(options.settle_ms >= 0, "settle_ms", options.settle_ms, "milliseconds >= 0");
   LOWBIT_CHECK_ARG(static_cast<bool>(launch), "launch", "an empty function", "a callable");
   const cudaStream_t stream = options.stream;
   int device = 0;
@@ -95,6 +98,11 @@ bench::TimingStats time_cuda(const std::function<void(cudaStream_t)>& launch,
     flush = Buffer(l2_flush_bytes(), Device::cuda, device);
     sink = Buffer(sizeof(unsigned), Device::cuda, device);
     if (options.flush_by_reading) LOWBIT_CUDA_CHECK(cudaMemset(flush.data(), 0, flush.size()));
+  }
+
+  if (options.settle_ms > 0) {
+    LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+    std::this_thread::sleep_for(std::chrono::milliseconds(options.settle_ms));
   }
 
   // Warm-up: first calls pay for module loading, library handle set-up and

@@ -55,9 +55,11 @@ void run_w4a16_gemm_benchmark(const W4A16BenchOptions& options) {
 
   const CudaDeviceInfo dev = cuda_device_info(0);
   const double copy_GBps = measure_copy_bandwidth_GBps(0);
-  std::printf("device: %s, %d SMs; measured copy bandwidth %.0f GB/s; L2 evicted between calls by %s\n",
+  std::printf("device: %s, %d SMs; measured copy bandwidth %.0f GB/s; L2 evicted between calls by %s; the GPU "
+              "idles %d ms before each row\n",
               dev.name.c_str(), dev.sm_count, copy_GBps,
-              options.flush_by_reading ? "reading a buffer (clean lines)" : "writing a buffer (dirty lines)");
+              options.flush_by_reading ? "reading a buffer (clean lines)" : "writing a buffer (dirty lines)",
+              options.settle_ms);
   std::unique_ptr<bench::JsonRowsWriter> json;
   if (!options.json_path.empty()) json = std::make_unique<bench::JsonRowsWriter>(options.json_path);
   cuda::announce_launch_switches(json.get());
@@ -71,6 +73,7 @@ void run_w4a16_gemm_benchmark(const W4A16BenchOptions& options) {
   timer.reps = options.reps;
   timer.warmup = 5;
   timer.flush_by_reading = options.flush_by_reading;
+  timer.settle_ms = options.settle_ms;
   std::vector<W4A16Strategy> strategies = {W4A16Strategy::automatic,     W4A16Strategy::data_parallel,
                                            W4A16Strategy::split_k_atomic, W4A16Strategy::split_k_deterministic,
                                            W4A16Strategy::stream_k,       W4A16Strategy::decoupled,

@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -392,6 +392,26 @@ TEST(CudaTimer, RejectsBadOptionsAndPropagatesLaunchErrors) {
   });
   EXPECT_EQ(e.kind(), ErrorKind::cuda);
   EXPECT_TRUE(is_launch_configuration_error(e.what())) << e.what();
+}
+
+// CudaTimerOptions::settle_ms: a negative idle is refused before any CUDA
+// call (no GPU needed), and a positive one idles the device that long before
+// the warm-up (host wall time of a whole call with nothing else to wait for).
+TEST(CudaTimer, SettleIsCheckedAndIdlesBeforeTheWarmUp) {
+  cuda::CudaTimerOptions bad;
+  bad.settle_ms = -1;
+  EXPECT_EQ(expect_lowbit_error([&] { cuda::time_cuda([](cudaStream_t) {}, bad); }).kind(),
+            ErrorKind::invalid_argument);
+  LOWBIT_REQUIRE_GPU();
+  cuda::CudaTimerOptions options;
+  options.warmup = 0;
+  options.reps = 1;
+  options.flush_l2 = false;
+  options.settle_ms = 40;
+  const auto t0 = std::chrono::steady_clock::now();
+  cuda::time_cuda([](cudaStream_t s) { noop_kernel<<<1, 32, 0, s>>>(nullptr); }, options);
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GE(ms, 40.0);
 }
 
 TEST(CudaBandwidth, CopyIsFasterThan100GBps) {

@@ -94,6 +94,11 @@ void add_bench_command(CLI::App& app) {
                  "Also time, at M <= 64, a kernel that only reads as many bytes as the W4 weights and scales "
                  "(row read_floor): the most any W4A16 kernel could gain over cuBLAS under the same timing");
   add_l2_flush_option(*gemm, options.flush_by_reading);
+  gemm->add_option("--settle-ms", options.settle_ms,
+                   "Milliseconds the GPU idles before each row's warm-up, so that no row is timed while the "
+                   "clocks recover from the heavy point before it (0: none)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   add_gpu_environment_footer(*gemm);
   gemm->callback([] {
     options.dtype = dtype == "bf16" ? DType::bf16 : DType::f16;

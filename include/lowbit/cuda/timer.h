@@ -23,6 +23,12 @@ struct CudaTimerOptions {
   // layer's weights). The difference is ~50 MB of write-back on an H100,
   // which matters most for the calls that read the fewest bytes.
   bool flush_by_reading = false;
+  // Milliseconds the device sits idle (after a synchronization) before the
+  // warm-up: a benchmark that times a heavy call and then a light one would
+  // otherwise time the light one while the clocks still recover from the
+  // heavy one's power draw (`lowbit bench gemm`: the same one-row kernel
+  // 10-20% slower right after a 1024-row point, docs/w4a16-gemm.md v43).
+  int settle_ms = 0;
   cudaStream_t stream = nullptr;  // the stream `launch` must enqueue on
 };
 
@@ -32,7 +38,7 @@ struct CudaTimerOptions {
 // enqueue its work on the given stream and not synchronise; the last CUDA
 // error is checked after each call. Times the current device.
 //
-// Throws Error(invalid_argument) for warmup < 0 or reps < 1, Error(cuda) when
+// Throws Error(invalid_argument) for warmup < 0, reps < 1 or settle_ms < 0, Error(cuda) when
 // a CUDA call or a launch fails, and whatever `launch` throws.
 bench::TimingStats time_cuda(const std::function<void(cudaStream_t)>& launch,
                              const CudaTimerOptions& options = {});

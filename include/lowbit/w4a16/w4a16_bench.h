@@ -61,6 +61,10 @@ struct W4A16BenchOptions {
   // than writing it (dirty lines whose write-back the timed call pays; the
   // peers' anchors were taken that way): see CudaTimerOptions.
   bool flush_by_reading = false;
+  // Milliseconds of idle device before each row's warm-up
+  // (CudaTimerOptions::settle_ms), so that a row is not timed while the
+  // clocks recover from the point before it.
+  int settle_ms = 50;
 };
 
 // Runs the benchmark on device 0, printing one line per measurement and a
