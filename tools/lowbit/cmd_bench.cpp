@@ -95,8 +95,8 @@ void add_bench_command(CLI::App& app) {
                  "(row read_floor): the most any W4A16 kernel could gain over cuBLAS under the same timing");
   add_l2_flush_option(*gemm, options.flush_by_reading);
   gemm->add_option("--settle-ms", options.settle_ms,
-                   "Milliseconds the GPU idles before each row's warm-up, so that no row is timed while the "
-                   "clocks recover from the heavy point before it (0: none)")
+                   "Milliseconds the GPU idles before each row's warm-up, so that no row is timed in the wake "
+                   "of a heavy point before it (0: none)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   add_gpu_environment_footer(*gemm);

@@ -24,10 +24,11 @@ struct CudaTimerOptions {
   // which matters most for the calls that read the fewest bytes.
   bool flush_by_reading = false;
   // Milliseconds the device sits idle (after a synchronization) before the
-  // warm-up: a benchmark that times a heavy call and then a light one would
-  // otherwise time the light one while the clocks still recover from the
-  // heavy one's power draw (`lowbit bench gemm`: the same one-row kernel
-  // 10-20% slower right after a 1024-row point, docs/w4a16-gemm.md v43).
+  // warm-up. Without it a light call timed right after a heavy one ran slow:
+  // in `lowbit bench gemm` the same one-row kernel 10-20% slower right after
+  // a 1024-row point than ~40 ms later, and equal with 50 ms of idle
+  // (docs/w4a16-gemm.md v43; most likely the clocks recovering from the
+  // heavy call's power draw, which was not logged).
   int settle_ms = 0;
   cudaStream_t stream = nullptr;  // the stream `launch` must enqueue on
 };

@@ -62,8 +62,8 @@ struct W4A16BenchOptions {
   // peers' anchors were taken that way): see CudaTimerOptions.
   bool flush_by_reading = false;
   // Milliseconds of idle device before each row's warm-up
-  // (CudaTimerOptions::settle_ms), so that a row is not timed while the
-  // clocks recover from the point before it.
+  // (CudaTimerOptions::settle_ms), so that no row is timed in the wake of a
+  // heavy point before it.
   int settle_ms = 50;
 };
 
