@@ -854,12 +854,13 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kTwoGroups>())
   // loop goes window by window while both refills of a window stay inside
   // the range and short of its last iteration. Which refill carries scales
   // and which iteration folds then follows from the parity alone, so those
-  // tests, the refill guard and the refill count leave the loop, which has
-  // no branch but its back edge: f16 at one row 107 SASS instructions per
-  // two k-iterations where the loop below executes ~138 (with more rows 120
-  // against ~180; tools/sass/kernel_loops.py). The kernel issues at a
-  // near-fixed rate (v38), so its loop time follows that count. Same copies,
-  // mma and folds in the same order as the loop below: the same bits.
+  // tests, the refill guard and the refill count leave the loop (at one row
+  // it has no branch but its back edge): f16 at one row 107 SASS
+  // instructions per two k-iterations where the loop below executes ~138
+  // (with more rows 120 against ~180; tools/sass/kernel_loops.py). Measured
+  // on an H200: one-row GEMMs 1-5% faster, the Qwen3-14B decode step at
+  // batch 1 +3.5% (docs/w4a16-gemm.md, v43). Same copies, mma and folds in
+  // the same order as the loop below: the same bits.
   if (!kTwoGroups && fold_mask == 1) {
     if ((it & 1) != 0 && it < i1) {  // a range that starts mid-window: its first iteration ends that window
       iteration(refill_if_left, true);
