@@ -11,7 +11,8 @@ on another GPU compare against baselines measured on that same GPU:
 
 Timing: CUDA events around each call, L2 evicted before every call by
 writing a 256 MiB buffer (as triton.testing.do_bench does), warm-up calls
-first, median of --reps calls. Random normal inputs.
+first, median of --reps calls; the GPU idles --settle-ms (50) before each
+point's warm-up, as `lowbit bench` does. Random normal inputs.
 
 Output: one JSON object per line, in the anchors' schema ("kind", "impl",
 "us", "GBps", and the shape keys), to --out; `lowbit bench attention --sdpa
@@ -23,6 +24,7 @@ import argparse
 import json
 import statistics
 import sys
+import time
 
 GEMM_SHAPES = [  # name, K, N: the anchors' nine layers
     ("sq4096", 4096, 4096), ("sq8192", 8192, 8192), ("sq16384", 16384, 16384),
@@ -36,8 +38,16 @@ def parse_ints(text):
     return [int(v) for v in text.split(",") if v]
 
 
-def time_call(torch, fn, reps, warmup, flush):
-    """Median of `reps` event-timed calls of fn, the L2 evicted before each."""
+def time_call(torch, fn, reps, warmup, flush, settle_ms):
+    """Median of `reps` event-timed calls of fn, the L2 evicted before each.
+
+    The GPU first idles settle_ms (after a synchronization), as lowbit's
+    timer does with CudaTimerOptions::settle_ms: each point then starts from
+    the same idle state, not in the wake of the heavier point before it.
+    """
+    if settle_ms > 0:
+        torch.cuda.synchronize()
+        time.sleep(settle_ms / 1e3)
     for _ in range(warmup):
         fn()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
@@ -60,6 +70,8 @@ def main():
     p.add_argument("--context", default="4096,32768,131072", help="SDPA context lengths")
     p.add_argument("--reps", type=int, default=100)
     p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--settle-ms", type=int, default=50,
+                   help="milliseconds the GPU idles before each point's warm-up (lowbit bench's --settle-ms)")
     args = p.parse_args()
     # The arguments are checked before torch is imported: a typo costs no
     # CUDA start-up, and the checks run (and are tested) without torch.
@@ -75,8 +87,8 @@ def main():
             sys.exit(f"bench_torch_peers.py: --{name} takes comma-separated integers, not {getattr(args, name)!r}")
         if not lists[name] or min(lists[name]) < 1:
             sys.exit(f"bench_torch_peers.py: --{name} takes positive integers, not {getattr(args, name)!r}")
-    if args.reps < 1 or args.warmup < 0:
-        sys.exit("bench_torch_peers.py: --reps must be >= 1 and --warmup >= 0")
+    if args.reps < 1 or args.warmup < 0 or args.settle_ms < 0:
+        sys.exit("bench_torch_peers.py: --reps must be >= 1, --warmup >= 0 and --settle-ms >= 0")
     try:
         import torch
         import torch.nn.functional as F
@@ -98,7 +110,7 @@ def main():
     if "copy" in what:
         src = torch.empty(1 << 30, dtype=torch.uint8, device=dev).random_(0, 255)
         dst = torch.empty_like(src)
-        us = time_call(torch, lambda: dst.copy_(src), args.reps, args.warmup, flush)
+        us = time_call(torch, lambda: dst.copy_(src), args.reps, args.warmup, flush, args.settle_ms)
         emit({"kind": "copy", "bytes": 2 * src.numel(), "us": us, "GBps": 2 * src.numel() / us / 1e3})
         del src, dst
 
@@ -107,7 +119,7 @@ def main():
             w = torch.randn(k, n, dtype=torch.float16, device=dev)
             for m in lists["m"]:
                 x = torch.randn(m, k, dtype=torch.float16, device=dev)
-                us = time_call(torch, lambda: torch.matmul(x, w), args.reps, args.warmup, flush)
+                us = time_call(torch, lambda: torch.matmul(x, w), args.reps, args.warmup, flush, args.settle_ms)
                 moved = 2 * (k * n + m * k + m * n)
                 emit({"kind": "gemm", "impl": "cublas_fp16", "us": us, "GBps": moved / us / 1e3, "shape": shape,
                       "K": k, "N": n, "M": m})
@@ -121,7 +133,7 @@ def main():
                 k = torch.randn(kv_shape, dtype=torch.float16, device=dev)
                 v = torch.randn(kv_shape, dtype=torch.float16, device=dev)
                 us = time_call(torch, lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
-                               args.reps, args.warmup, flush)
+                               args.reps, args.warmup, flush, args.settle_ms)
                 kv_bytes = 2 * k.numel() * 2
                 emit({"kind": "attn_decode", "impl": "torch_sdpa_fp16", "B": batch, "L": context, "us": us,
                       "GBps": kv_bytes / us / 1e3})

@@ -36,11 +36,12 @@ struct Result {
 // Times a prepared step: eager launches (each rewrites the same cache slots),
 // and the same step replayed from a CUDA graph when capture works. The
 // weights (GBs) evict L2 by themselves, so no flush between reps.
-bench::TimingStats time_step(CudaEngine& engine, const int32_t* d_tokens, int reps, bool use_graph,
+bench::TimingStats time_step(CudaEngine& engine, const int32_t* d_tokens, int reps, int settle_ms, bool use_graph,
                              bool& graph_used, std::string& graph_note) {
   cuda::CudaTimerOptions timer;
   timer.warmup = 2;
   timer.reps = reps;
+  timer.settle_ms = settle_ms;
   timer.flush_l2 = false;
   timer.stream = engine.stream();
   graph_used = false;
@@ -112,6 +113,7 @@ kv::KvFormat kv_format_named(const std::string& name) {
 
 void run_model_benchmark(const ModelBenchOptions& options) {
   LOWBIT_REQUIRE(cuda_device_count() > 0, "`lowbit bench model` needs a CUDA device; none is visible");
+  LOWBIT_CHECK_ARG(options.settle_ms >= 0, "settle_ms", options.settle_ms, "milliseconds >= 0");
   const ModelConfig config = bench_model_config(options.config);
   for (const auto& w : options.weights)
     LOWBIT_REQUIRE(w == "fp16" || w == "w4", "--weights: '", w, "' is neither fp16 nor w4");
@@ -122,9 +124,10 @@ void run_model_benchmark(const ModelBenchOptions& options) {
   const kv::RotationKind kv_rotation = kv_rotation_for(rotation, config.head_dim);
   const CudaDeviceInfo device = cuda_device_info(0);
   const double copy_GBps = measure_copy_bandwidth_GBps(0);
-  std::printf("model: %s (%s)\ndevice: %s, %d SMs, copy bandwidth %.0f GB/s (read + write)\n",
+  std::printf("model: %s (%s)\ndevice: %s, %d SMs, copy bandwidth %.0f GB/s (read + write); the GPU idles %d ms "
+              "before each measurement\n",
               options.config.c_str(), config.describe().c_str(), device.name.c_str(), device.sm_count,
-              copy_GBps);
+              copy_GBps, options.settle_ms);
   std::unique_ptr<bench::JsonRowsWriter> json;
   if (!options.json_path.empty()) json = std::make_unique<bench::JsonRowsWriter>(options.json_path);
   cuda::announce_launch_switches(json.get());
@@ -213,7 +216,7 @@ void run_model_benchmark(const ModelBenchOptions& options) {
             bool graph_used = false;
             std::string graph_note;
             const bench::TimingStats decode = time_step(*engine, d_ids.as<const int32_t>(), options.reps,
-                                                        options.graphs, graph_used, graph_note);
+                                                        options.settle_ms, options.graphs, graph_used, graph_note);
             Result r{weights,
                      kv_name,
                      "decode",
@@ -258,8 +261,8 @@ void run_model_benchmark(const ModelBenchOptions& options) {
               bool unused = false;
               std::string unused_note;
               const bench::TimingStats prefill =
-                  time_step(*engine, d_ids.as<const int32_t>(), std::max(3, options.reps / 4), false, unused,
-                            unused_note);
+                  time_step(*engine, d_ids.as<const int32_t>(), std::max(3, options.reps / 4), options.settle_ms,
+                            false, unused, unused_note);
               const double tokens = static_cast<double>(batch) * static_cast<double>(context);
               Result p{weights,
                        kv_name,

@@ -151,13 +151,16 @@ void run_kv_attention_benchmark(const KvAttentionBenchOptions& options) {
   LOWBIT_CHECK_ARG(options.prefill_reps >= 1, "prefill_reps", options.prefill_reps, "at least 1");
   LOWBIT_CHECK_ARG(options.prefill_tokens >= 0 && options.prefill_tokens <= 65535, "prefill_tokens",
                    options.prefill_tokens, "0 (skip) to 65535");
+  LOWBIT_CHECK_ARG(options.settle_ms >= 0, "settle_ms", options.settle_ms, "milliseconds >= 0");
   if (cuda_device_count() == 0)
     fail(ErrorKind::unsupported, "lowbit bench attention needs a CUDA device; none is visible");
   const CudaDeviceInfo dev = cuda_device_info(0);
   const double copy_GBps = measure_copy_bandwidth_GBps(0);
-  std::printf("device: %s, %d SMs; measured copy bandwidth %.0f GB/s; L2 evicted between calls by %s\n",
+  std::printf("device: %s, %d SMs; measured copy bandwidth %.0f GB/s; L2 evicted between calls by %s; the GPU "
+              "idles %d ms before each decode row\n",
               dev.name.c_str(), dev.sm_count, copy_GBps,
-              options.flush_by_reading ? "reading a buffer (clean lines)" : "writing a buffer (dirty lines)");
+              options.flush_by_reading ? "reading a buffer (clean lines)" : "writing a buffer (dirty lines)",
+              options.settle_ms);
   // The SDPA column: times measured on this GPU when given, else the H100
   // anchors, which say nothing about another GPU's SDPA (an H200's HBM is
   // about 1.4x faster), so the ratios would then compare two GPUs.
@@ -183,6 +186,7 @@ void run_kv_attention_benchmark(const KvAttentionBenchOptions& options) {
   timer.reps = options.reps;
   timer.warmup = 10;
   timer.flush_by_reading = options.flush_by_reading;
+  timer.settle_ms = options.settle_ms;
 
   const std::pair<kv::KvFormat, const char*> impls[] = {{kv::KvFormat::tq4, "lowbit_tq4"},
                                                        {kv::KvFormat::fp16, "lowbit_fp16_paged"}};

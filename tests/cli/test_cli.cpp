@@ -90,7 +90,8 @@ TEST(Cli, UsageErrorsExitTwo) {
 // bench gemm's options are checked before anything needs a GPU: its help
 // names every strategy and the L2 eviction modes, and a bad mode is a usage
 // error that names the value. Every GPU benchmark's help names the
-// environment switches.
+// environment switches and its idle before each row (--settle-ms), whose
+// out-of-range value is a usage error.
 TEST(Cli, BenchGemmOptions) {
   const RunResult help = run_lowbit("bench gemm --help");
   EXPECT_EQ(help.exit_code, 0) << help.output;
@@ -100,8 +101,13 @@ TEST(Cli, BenchGemmOptions) {
   for (const char* command : {"bench gemm --help", "bench attention --help", "bench model --help"}) {
     const RunResult h = run_lowbit(command);
     EXPECT_EQ(h.exit_code, 0) << command << "\n" << h.output;
-    for (const char* word : {"LOWBIT_L2_STREAMING=0", "LOWBIT_PDL=0"})
+    for (const char* word : {"LOWBIT_L2_STREAMING=0", "LOWBIT_PDL=0", "--settle-ms"})
       EXPECT_NE(h.output.find(word), std::string::npos) << command << ": " << word << "\n" << h.output;
+  }
+  for (const char* command : {"bench gemm --settle-ms -1", "bench attention --settle-ms -1", "bench model --settle-ms 70000"}) {
+    const RunResult r = run_lowbit(command);
+    EXPECT_EQ(r.exit_code, 2) << command << "\n" << r.output;
+    EXPECT_NE(r.output.find("--settle-ms"), std::string::npos) << command << "\n" << r.output;
   }
   const RunResult bad = run_lowbit("bench gemm --l2-flush sideways");
   EXPECT_EQ(bad.exit_code, 2) << bad.output;

@@ -15,7 +15,7 @@ def run(*args):
 def test_help_names_what_it_times():
     r = run("--help")
     assert r.returncode == 0, r.stderr
-    for needle in ("SDPA", "cuBLAS", "--out", "--what", "anchors"):
+    for needle in ("SDPA", "cuBLAS", "--out", "--what", "anchors", "--settle-ms"):
         assert needle in r.stdout, needle
 
 
@@ -27,6 +27,7 @@ def test_bad_arguments_are_refused_before_torch(tmp_path):
         (["--context", "0"], "--context takes positive integers"),
         (["--batch", ","], "--batch takes positive integers"),
         (["--reps", "0"], "--reps must be >= 1"),
+        (["--settle-ms", "-5"], "--settle-ms >= 0"),
     ]
     for args, message in cases:
         r = run("--out", out, *args)

@@ -98,7 +98,7 @@ void add_bench_command(CLI::App& app) {
                    "Milliseconds the GPU idles before each row's warm-up, so that no row is timed in the wake "
                    "of a heavy point before it (0: none)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, 60000));
   add_gpu_environment_footer(*gemm);
   gemm->callback([] {
     options.dtype = dtype == "bf16" ? DType::bf16 : DType::f16;

@@ -69,6 +69,11 @@ void add_bench_attention_command(CLI::App& bench) {
       ->check(CLI::ExistingFile);
   cmd->add_option("--json", options.json_path, "Write one JSON row per measurement to this file");
   add_l2_flush_option(*cmd, options.flush_by_reading);
+  cmd->add_option("--settle-ms", options.settle_ms,
+                  "Milliseconds the GPU idles before each decode row's warm-up, so that no row is timed in the wake\n"
+                  "of a heavier point before it (0: none; scripts/bench_torch_peers.py idles as long by default)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 60000));
   add_gpu_environment_footer(*cmd);
   cmd->callback([] {
     options.hadamard = rotation == "hadamard";

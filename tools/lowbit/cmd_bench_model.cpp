@@ -68,6 +68,11 @@ void add_bench_model_command(CLI::App& bench) {
                   "After each decode and prefill measurement, time a few eager steps stage by stage (an event\n"
                   "after each GEMM, norm, attention...) and print where the step's time goes");
   model->add_option("--json", options.json_path, "Write one JSON row per measurement to this file");
+  model->add_option("--settle-ms", options.settle_ms,
+                  "Milliseconds the GPU idles before each measurement's warm-up, so that no row is timed in the wake\n"
+                  "of a heavier point before it (0: none; scripts/bench_torch_peers.py idles as long by default)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 60000));
   add_gpu_environment_footer(*model);
   model->callback([] {
     if (!random_weights) {

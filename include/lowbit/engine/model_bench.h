@@ -32,6 +32,10 @@ struct ModelBenchOptions {
   // kernel re-reads K/V per query token: long prefills take minutes).
   int64_t max_prefill_context = 4096;
   int reps = 20;
+  // Milliseconds of idle device before each decode and prefill measurement
+  // (CudaTimerOptions::settle_ms): a one-row step timed right after a
+  // batch-16 or prefill point would otherwise run in that point's wake.
+  int settle_ms = 50;
   bool graphs = true;  // also time the decode step replayed as a CUDA graph
   bool tune_gemms = false;  // CudaEngineOptions::tune_decode_gemms
   // After each decode and prefill measurement, time a few eager steps stage

@@ -34,6 +34,11 @@ struct KvAttentionBenchOptions {
   // the chunk length chosen for it and with every split_tokens value.
   std::vector<int> cta_warps;
   bool flush_by_reading = false;   // L2 eviction: false writes a buffer (as the SDPA anchors), true reads one
+  // Milliseconds of idle device before each timed row's warm-up
+  // (CudaTimerOptions::settle_ms), as `bench gemm` and
+  // scripts/bench_torch_peers.py do, so that no row is timed in the wake of
+  // the heavier point before it.
+  int settle_ms = 50;
   bool hadamard = true;            // the tq4 cache's rotation: randomized Hadamard (the engine's default) or Haar
   bool cluster_merge = true;       // DeviceDecodeOptions::cluster_merge (false: the merge kernel always)
   // Also time, per point, a kernel that only reads the tq4 cache's bytes
