@@ -33,9 +33,12 @@ struct ModelBenchOptions {
   int64_t max_prefill_context = 4096;
   int reps = 20;
   // Milliseconds of idle device before each decode and prefill measurement
-  // (CudaTimerOptions::settle_ms): a one-row step timed right after a
-  // batch-16 or prefill point would otherwise run in that point's wake.
-  int settle_ms = 50;
+  // (CudaTimerOptions::settle_ms). The batch-16 and prefill points run an
+  // H200 at its 700 W power cap (SM clock 1.4-1.7 GHz instead of 1.98), and a
+  // one-row step timed within ~50 ms of such a point ran 3.5% slower than
+  // alone or after 3 s of idle (docs/engine.md, v44). Longer than `bench
+  // gemm`'s 50 ms, whose heavy points are single calls.
+  int settle_ms = 1000;
   bool graphs = true;  // also time the decode step replayed as a CUDA graph
   bool tune_gemms = false;  // CudaEngineOptions::tune_decode_gemms
   // After each decode and prefill measurement, time a few eager steps stage
