@@ -70,8 +70,8 @@ void add_bench_model_command(CLI::App& bench) {
   model->add_option("--json", options.json_path, "Write one JSON row per measurement to this file");
   model->add_option("--settle-ms", options.settle_ms,
                   "Milliseconds the GPU idles before each measurement's warm-up, so that no row is timed in the wake\n"
-                  "of a heavier point before it: batch-16 and prefill points hold the GPU at its power cap, and the\n"
-                  "clocks take longer than 50 ms to recover (0: none)")
+                  "of a heavier point before it (0: none; with 50 ms, the one-row step right after the batch-16 /\n"
+                  "32k point read 3.5% slow on an H200)")
       ->capture_default_str()
       ->check(CLI::Range(0, 60000));
   add_gpu_environment_footer(*model);

@@ -33,11 +33,11 @@ struct ModelBenchOptions {
   int64_t max_prefill_context = 4096;
   int reps = 20;
   // Milliseconds of idle device before each decode and prefill measurement
-  // (CudaTimerOptions::settle_ms). The batch-16 and prefill points run an
-  // H200 at its 700 W power cap (SM clock 1.4-1.7 GHz instead of 1.98), and a
-  // one-row step timed within ~50 ms of such a point ran 3.5% slower than
-  // alone or after 3 s of idle (docs/engine.md, v44). Longer than `bench
-  // gemm`'s 50 ms, whose heavy points are single calls.
+  // (CudaTimerOptions::settle_ms). On an H200 the one-row w4 + tq4 step timed
+  // 50 ms after the batch-16 / 32k point ran 3.5% slower than alone, and as
+  // fast as alone after 1-3 s (docs/engine.md, v44). The heavy points hold
+  // the GPU at its 700 W power cap (SM clock 1.35-1.7 GHz instead of 1.98);
+  // that the cap's recovery is the cause is our reading, not proven.
   int settle_ms = 1000;
   bool graphs = true;  // also time the decode step replayed as a CUDA graph
   bool tune_gemms = false;  // CudaEngineOptions::tune_decode_gemms
