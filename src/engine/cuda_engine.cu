@@ -9,6 +9,7 @@
 #include <numeric>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <tuple>
 
 #include "lowbit/core/error.h"
@@ -17,6 +18,7 @@
 #include "lowbit/cuda/device.h"
 #include "lowbit/cuda/random.h"
 #include "lowbit/engine/cuda_engine.h"
+#include "lowbit/engine/decode_gemv_splits.h"
 #include "lowbit/ops/layer_ops_cuda.h"
 
 namespace lowbit::engine {
@@ -269,6 +271,14 @@ CudaEngine::CudaEngine(const DeviceModel& model, const CudaEngineOptions& option
   LOWBIT_REQUIRE(options.max_sequences >= 1 && options.max_tokens >= 1,
                  "max_sequences and max_tokens must be >= 1");
   LOWBIT_REQUIRE(options.decode_plan_tokens >= 1, "decode_plan_tokens must be >= 1");
+  LOWBIT_REQUIRE(options.decode_gemv_splits.empty() || !options.tune_decode_gemms,
+                 "decode_gemv_splits and tune_decode_gemms both choose the single-row GEMMs' plans: give one");
+  for (const auto& [role, split] : options.decode_gemv_splits) {
+    LOWBIT_REQUIRE(std::find(kDecodeGemmRoles.begin(), kDecodeGemmRoles.end(), role) != kDecodeGemmRoles.end(),
+                   "decode_gemv_splits: unknown role '", role, "' (qkv, o, gate_up, down, lm_head)");
+    LOWBIT_REQUIRE(split >= 1 && split <= kMaxDecodeGemvSplit, "decode_gemv_splits: ", role, "=", split,
+                   ": the split must be from 1 to ", kMaxDecodeGemvSplit);
+  }
   kv::KvCacheConfig kc;
   kc.num_layers = static_cast<int>(c.num_layers);
   kc.num_kv_heads = static_cast<int>(c.num_kv_heads);
@@ -297,6 +307,37 @@ CudaEngine::CudaEngine(const DeviceModel& model, const CudaEngineOptions& option
   for (int64_t p = kc.num_pages - 1; p >= 0; --p) free_pages_.push_back(static_cast<int32_t>(p));
   LOWBIT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   if (options.tune_decode_gemms) tune_decode_gemms();
+  if (!options.decode_gemv_splits.empty()) force_decode_gemv_splits();
+}
+
+void CudaEngine::force_decode_gemv_splits() {
+  const auto role_linears = [&](std::string_view role) {
+    std::vector<const DeviceLinear*> out;
+    if (role == "lm_head") {
+      out.push_back(&model_.lm_head);
+      return out;
+    }
+    for (const DeviceLayer& L : model_.layers)
+      out.push_back(role == "qkv" ? &L.qkv : role == "o" ? &L.o : role == "gate_up" ? &L.gate_up : &L.down);
+    return out;
+  };
+  for (std::string_view role : kDecodeGemmRoles) {
+    const auto it = options_.decode_gemv_splits.find(std::string(role));
+    if (it == options_.decode_gemv_splits.end()) continue;
+    const W4A16Options forced{W4A16Strategy::gemv, it->second};
+    std::string line = std::string(role) + ": ";
+    int forced_count = 0;
+    for (const DeviceLinear* d : role_linears(role)) {
+      if (!d->w4) continue;  // fp16 layers run cuBLAS
+      decode_gemm_[d] = forced;
+      if (forced_count++ == 0) {
+        const W4A16Plan plan = w4a16_plan(1, *d->w4, forced);
+        line += std::to_string(d->K) + " x " + std::to_string(d->N) + " -> gemv split " +
+                std::to_string(plan.split_k) + " (forced)";
+      }
+    }
+    decode_gemm_choices_.push_back(forced_count > 0 ? line : line + "not a w4 layer: not forced");
+  }
 }
 
 void CudaEngine::tune_decode_gemms() {

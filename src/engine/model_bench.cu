@@ -19,6 +19,7 @@
 #include "lowbit/cuda/launch_switches.h"
 #include "lowbit/cuda/timer.h"
 #include "lowbit/engine/cuda_engine.h"
+#include "lowbit/engine/decode_gemv_splits.h"
 #include "lowbit/engine/model_bench.h"
 
 namespace lowbit::engine {
@@ -155,6 +156,7 @@ void run_model_benchmark(const ModelBenchOptions& options) {
           eo.max_sequences = batch;
           eo.max_tokens = context + 1;
           eo.tune_decode_gemms = options.tune_gemms;
+          eo.decode_gemv_splits = options.decode_gemv_splits;
           eo.rotation = kv_rotation;
           eo.fuse_query_rotation_into_qkv = options.fuse_query_rotation;
           eo.fuse_kv_append_into_attention = options.fuse_kv_append;
@@ -241,7 +243,8 @@ void run_model_benchmark(const ModelBenchOptions& options) {
                                    {"context", context},
                                    {"kv_rotation", kv::rotation_kind_name(kv_rotation)},
                                    {"kv_fp16_window", eo.fp16_window},
-                                   {"gemms_tuned", options.tune_gemms}},
+                                   {"gemms_tuned", options.tune_gemms},
+                                   {"gemv_splits", format_decode_gemv_splits(options.decode_gemv_splits)}},
                                   decode,
                                   static_cast<uint64_t>(weight_bytes + kv_read),
                                   std::nullopt,

@@ -109,6 +109,14 @@ TEST(Cli, BenchGemmOptions) {
     EXPECT_EQ(r.exit_code, 2) << command << "\n" << r.output;
     EXPECT_NE(r.output.find("--settle-ms"), std::string::npos) << command << "\n" << r.output;
   }
+  // bench model's forced gemv splits: a malformed entry, or the tuner beside
+  // them, is a usage error that names it.
+  const RunResult bad_split = run_lowbit("bench model --random-weights --gemv-splits qkv=4,attention=2");
+  EXPECT_EQ(bad_split.exit_code, 2) << bad_split.output;
+  EXPECT_NE(bad_split.output.find("unknown role 'attention'"), std::string::npos) << bad_split.output;
+  const RunResult both = run_lowbit("bench model --random-weights --gemv-splits qkv=4 --tune-gemms");
+  EXPECT_EQ(both.exit_code, 2) << both.output;
+  EXPECT_NE(both.output.find("excludes"), std::string::npos) << both.output;
   const RunResult bad = run_lowbit("bench gemm --l2-flush sideways");
   EXPECT_EQ(bad.exit_code, 2) << bad.output;
   EXPECT_NE(bad.output.find("sideways"), std::string::npos) << bad.output;

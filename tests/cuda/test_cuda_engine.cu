@@ -263,6 +263,74 @@ std::vector<std::vector<uint16_t>> prompt_and_decode_bits(CudaEngine& e, int ste
   return out;
 }
 
+// decode_gemv_splits: single-row GEMMs of the named roles run gemv at the
+// given split. Forcing the rule's own split must give the bits of the engine
+// that names gemv with the rule's split (decode_gemm = gemv, split 0), since
+// the kernel and its split are the same; other splits change only the order
+// of the K split's sum. Each forced role is listed, with the split its plan
+// takes (clamped to the k-iterations); bad roles, splits, and the tuner
+// beside them are refused.
+TEST(CudaEngine, ForcedDecodeGemvSplitsAreListedAgreeAndAreChecked) {
+  LOWBIT_REQUIRE_GPU();
+  const Model model = make_random_model(tiny_config(Architecture::qwen3), 23, WeightMode::w4, 0.08f);
+  const DeviceModel device_model = DeviceModel::upload(model, false);
+  const W4A16Options rule{W4A16Strategy::gemv, 0};
+  const int qkv_rule = w4a16_plan(1, *device_model.layers.front().qkv.w4, rule).split_k;
+  const int down_rule = w4a16_plan(1, *device_model.layers.front().down.w4, rule).split_k;
+  const int down_iters = static_cast<int>(device_model.layers.front().down.K / 64);
+  ASSERT_GE(down_iters, 3);
+  CudaEngineOptions options;
+  options.max_tokens = 32;
+  options.decode_gemm = rule;
+  CudaEngine named(device_model, options);
+  options.decode_gemm = {};
+  options.decode_gemv_splits = {{"qkv", qkv_rule}, {"down", down_rule}};
+  CudaEngine same(device_model, options);
+  const int other_down = down_rule == 1 ? 2 : 1;
+  options.decode_gemv_splits = {{"down", other_down}, {"lm_head", 1000}};
+  CudaEngine other(device_model, options);
+
+  ASSERT_EQ(same.decode_gemm_choices().size(), 2u);
+  EXPECT_NE(same.decode_gemm_choices()[0].find("qkv: "), std::string::npos) << same.decode_gemm_choices()[0];
+  EXPECT_NE(same.decode_gemm_choices()[0].find("gemv split " + std::to_string(qkv_rule) + " (forced)"),
+            std::string::npos)
+      << same.decode_gemm_choices()[0];
+  ASSERT_EQ(other.decode_gemm_choices().size(), 2u);
+  EXPECT_NE(other.decode_gemm_choices()[0].find("down: "), std::string::npos) << other.decode_gemm_choices()[0];
+  // The tiny model's lm_head is dense unless it is w4; either way it is listed.
+  EXPECT_NE(other.decode_gemm_choices()[1].find("lm_head: "), std::string::npos) << other.decode_gemm_choices()[1];
+  if (device_model.lm_head.w4) {
+    const int lm_iters = static_cast<int>(device_model.lm_head.K / 64);
+    EXPECT_NE(other.decode_gemm_choices()[1].find("gemv split " + std::to_string(lm_iters)), std::string::npos)
+        << other.decode_gemm_choices()[1];
+  }
+  EXPECT_TRUE(same.silu_fused_into_down());  // the fusions still see a gemv plan
+
+  const auto a = prompt_and_decode_bits(named, 5), b = prompt_and_decode_bits(same, 5),
+             c = prompt_and_decode_bits(other, 5);
+  const auto as_floats = [](const std::vector<uint16_t>& bits) {
+    std::vector<float> f(bits.size());
+    for (size_t i = 0; i < bits.size(); ++i) f[i] = f16_to_float(f16::from_bits(bits[i]));
+    return f;
+  };
+  for (size_t step = 0; step < a.size(); ++step) {
+    EXPECT_EQ(a[step], b[step]) << "step " << step;
+    EXPECT_LE(max_rel_error(as_floats(c[step]), as_floats(a[step])), test::kCudaEngineBatchRelError)
+        << "step " << step;
+  }
+
+  options.decode_gemv_splits = {{"attention", 2}};
+  EXPECT_TRUE(test::throws_error([&] { CudaEngine e(device_model, options); }, ErrorKind::invalid_argument,
+                                 {"unknown role 'attention'"}));
+  options.decode_gemv_splits = {{"qkv", 0}};
+  EXPECT_TRUE(test::throws_error([&] { CudaEngine e(device_model, options); }, ErrorKind::invalid_argument,
+                                 {"qkv=0", "from 1 to"}));
+  options.decode_gemv_splits = {{"qkv", 2}};
+  options.tune_decode_gemms = true;
+  EXPECT_TRUE(test::throws_error([&] { CudaEngine e(device_model, options); }, ErrorKind::invalid_argument,
+                                 {"tune_decode_gemms"}));
+}
+
 // Single-row steps whose down projection runs the gemv strategy read the
 // SiLU inside it (fuse_silu_into_down): the logits are the bits of the same
 // engine with the SiLU kernel separate, at every decode step; a prefill (5

@@ -5,6 +5,7 @@
 
 #include "commands.h"
 #include "lowbit/core/error.h"
+#include "lowbit/engine/decode_gemv_splits.h"
 #include "lowbit/engine/model_bench.h"
 
 namespace lowbit::cli {
@@ -53,10 +54,26 @@ void add_bench_model_command(CLI::App& bench) {
   model->add_option("--reps", options.reps, "Timed decode steps per point")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  model->add_flag("--tune-gemms", options.tune_gemms,
+  auto* tune = model->add_flag("--tune-gemms", options.tune_gemms,
                   "Run single-row W4A16 GEMMs with the plan timed fastest per layer shape when the engine is made "
                   "(each alone), instead of auto's plan (what lowbit generate runs by default). Slower in a whole "
                   "decode step on an H100: Qwen3-14B 228.6 against 249.7-249.9 tok/s at batch 1 in one run (docs/engine.md v28), and on an H200: 235.6 against 257-260 (v32)");
+  static std::string gemv_splits;
+  model->add_option("--gemv-splits", gemv_splits,
+                    "Single-row GEMMs of these layer roles run the gemv kernel at this K split instead of auto's\n"
+                    "(role=split, comma-separated; roles qkv, o, gate_up, down, lm_head), to time a split inside\n"
+                    "whole decode steps rather than alone (bench gemm --gemv-splits)")
+      ->check(CLI::Validator(
+          [](std::string& text) {
+            try {
+              engine::parse_decode_gemv_splits(text);
+              return std::string();
+            } catch (const Error& e) {
+              return std::string(e.what());
+            }
+          },
+          "ROLE=SPLIT,..."))
+      ->excludes(tune);
   model->add_flag("!--no-query-rotation-fusion", options.fuse_query_rotation,
                   "With a Hadamard rotation: rotate the queries in the attention kernel, not in the qkv GEMM's "
                   "epilogue");
@@ -80,6 +97,7 @@ void add_bench_model_command(CLI::App& bench) {
       fail(ErrorKind::unsupported,
            "bench model: only --random-weights is supported (checkpoints: lowbit generate)");
     }
+    options.decode_gemv_splits = engine::parse_decode_gemv_splits(gemv_splits);
     engine::run_model_benchmark(options);
   });
 }

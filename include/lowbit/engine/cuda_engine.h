@@ -103,6 +103,13 @@ struct CudaEngineOptions {
   // kernels round differently, so two runs could differ in the last bits
   // (`lowbit bench model` turns it on; its output lists the choices).
   bool tune_decode_gemms = false;
+  // Single-row GEMMs of these roles (kDecodeGemmRoles: "qkv", "o",
+  // "gate_up", "down", "lm_head") run the gemv strategy at this K split
+  // instead of auto's plan, in every layer; the other roles keep theirs
+  // (decode_gemv_splits.h says why; `lowbit bench model --gemv-splits`).
+  // Not together with tune_decode_gemms. Splits are clamped to the GEMM's
+  // k-iterations (K / 64); w4 layers only.
+  std::map<std::string, int> decode_gemv_splits;
   // Decode steps of step() (one new token per row, last-token logits) from a
   // CUDA graph: a decode step launches 5-12 kernels per layer (5 with every
   // fusion of a tuned single-row step), and launched
@@ -230,8 +237,9 @@ class CudaEngine {
 
   const DeviceModel& model() const { return model_; }
   // One line per tuned layer shape, "K x N: <candidate> <time> us, ... ->
-  // <strategy> split <s>" (or "K x N: auto (not tuned: <why>)"); empty when
-  // nothing was tuned.
+  // <strategy> split <s>" (or "K x N: auto (not tuned: <why>)"), or per
+  // role of decode_gemv_splits, "<role>: K x N -> gemv split <s> (forced)";
+  // empty when nothing was tuned or forced.
   const std::vector<std::string>& decode_gemm_choices() const { return decode_gemm_choices_; }
   // Whether single-row steps read the SiLU inside the down projection
   // (CudaEngineOptions::fuse_silu_into_down and a gemv plan for it).
@@ -362,6 +370,7 @@ class CudaEngine {
   mutable std::map<std::pair<const DeviceLinear*, int64_t>, bool> auto_takes_gemv_;
   std::vector<std::string> decode_gemm_choices_;
   void tune_decode_gemms();
+  void force_decode_gemv_splits();  // options_.decode_gemv_splits into decode_gemm_
   kv::AttentionWorkspace attention_workspace_;
   // CudaEngineOptions::fp16_window: the rings (one slot per sequence id) and
   // each step row's slot (int32 [max_sequences], rewritten by prepare()).

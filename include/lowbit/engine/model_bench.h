@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,9 @@ struct ModelBenchOptions {
   int settle_ms = 1000;
   bool graphs = true;  // also time the decode step replayed as a CUDA graph
   bool tune_gemms = false;  // CudaEngineOptions::tune_decode_gemms
+  // CudaEngineOptions::decode_gemv_splits: role -> forced gemv split of the
+  // single-row GEMMs (parse_decode_gemv_splits); empty: auto's plans.
+  std::map<std::string, int> decode_gemv_splits;
   // After each decode and prefill measurement, time a few eager steps stage
   // by stage (StepBreakdown) and print where the step's time goes.
   bool breakdown = false;
