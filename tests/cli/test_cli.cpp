@@ -9,6 +9,7 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <utility>
 
 #include "lowbit/core/half.h"
 #include "lowbit/io/safetensors.h"
@@ -104,25 +105,23 @@ TEST(Cli, BenchGemmOptions) {
     for (const char* word : {"LOWBIT_L2_STREAMING=0", "LOWBIT_PDL=0", "--settle-ms"})
       EXPECT_NE(h.output.find(word), std::string::npos) << command << ": " << word << "\n" << h.output;
   }
-  for (const char* command : {"bench gemm --settle-ms -1", "bench attention --settle-ms -1", "bench model --settle-ms 70000"}) {
+  // Usage errors (exit 2) whose message names what was wrong: an idle out of
+  // range, bench model's forced gemv splits with a malformed entry or with
+  // the tuner beside them, an unknown L2 mode or strategy.
+  const std::pair<const char*, const char*> usage_errors[] = {
+      {"bench gemm --settle-ms -1", "--settle-ms"},
+      {"bench attention --settle-ms -1", "--settle-ms"},
+      {"bench model --settle-ms 70000", "--settle-ms"},
+      {"bench model --random-weights --gemv-splits qkv=4,attention=2", "unknown role 'attention'"},
+      {"bench model --random-weights --gemv-splits qkv=4 --tune-gemms", "excludes"},
+      {"bench gemm --l2-flush sideways", "sideways"},
+      {"bench gemm --strategies gemv,sideways", "sideways"},
+  };
+  for (const auto& [command, needle] : usage_errors) {
     const RunResult r = run_lowbit(command);
     EXPECT_EQ(r.exit_code, 2) << command << "\n" << r.output;
-    EXPECT_NE(r.output.find("--settle-ms"), std::string::npos) << command << "\n" << r.output;
+    EXPECT_NE(r.output.find(needle), std::string::npos) << command << ": " << needle << "\n" << r.output;
   }
-  // bench model's forced gemv splits: a malformed entry, or the tuner beside
-  // them, is a usage error that names it.
-  const RunResult bad_split = run_lowbit("bench model --random-weights --gemv-splits qkv=4,attention=2");
-  EXPECT_EQ(bad_split.exit_code, 2) << bad_split.output;
-  EXPECT_NE(bad_split.output.find("unknown role 'attention'"), std::string::npos) << bad_split.output;
-  const RunResult both = run_lowbit("bench model --random-weights --gemv-splits qkv=4 --tune-gemms");
-  EXPECT_EQ(both.exit_code, 2) << both.output;
-  EXPECT_NE(both.output.find("excludes"), std::string::npos) << both.output;
-  const RunResult bad = run_lowbit("bench gemm --l2-flush sideways");
-  EXPECT_EQ(bad.exit_code, 2) << bad.output;
-  EXPECT_NE(bad.output.find("sideways"), std::string::npos) << bad.output;
-  const RunResult unknown = run_lowbit("bench gemm --strategies gemv,sideways");
-  EXPECT_EQ(unknown.exit_code, 2) << unknown.output;
-  EXPECT_NE(unknown.output.find("sideways"), std::string::npos) << unknown.output;
 }
 
 TEST(Cli, VersionAndEnv) {
