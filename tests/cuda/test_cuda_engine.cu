@@ -283,7 +283,8 @@ TEST(CudaEngine, ForcedDecodeGemvSplitsAreListedAgreeAndAreChecked) {
   options.max_tokens = 32;
   options.decode_gemm = rule;
   CudaEngine named(device_model, options);
-  options.decode_gemm = {};
+  // The roles not forced keep decode_gemm (gemv at the rule's split) in all
+  // three engines, so that only the forced roles differ, on any device.
   options.decode_gemv_splits = {{"qkv", qkv_rule}, {"down", down_rule}};
   CudaEngine same(device_model, options);
   const int other_down = down_rule == 1 ? 2 : 1;
