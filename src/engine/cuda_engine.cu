@@ -273,12 +273,7 @@ CudaEngine::CudaEngine(const DeviceModel& model, const CudaEngineOptions& option
   LOWBIT_REQUIRE(options.decode_plan_tokens >= 1, "decode_plan_tokens must be >= 1");
   LOWBIT_REQUIRE(options.decode_gemv_splits.empty() || !options.tune_decode_gemms,
                  "decode_gemv_splits and tune_decode_gemms both choose the single-row GEMMs' plans: give one");
-  for (const auto& [role, split] : options.decode_gemv_splits) {
-    LOWBIT_REQUIRE(std::find(kDecodeGemmRoles.begin(), kDecodeGemmRoles.end(), role) != kDecodeGemmRoles.end(),
-                   "decode_gemv_splits: unknown role '", role, "' (qkv, o, gate_up, down, lm_head)");
-    LOWBIT_REQUIRE(split >= 1 && split <= kMaxDecodeGemvSplit, "decode_gemv_splits: ", role, "=", split,
-                   ": the split must be from 1 to ", kMaxDecodeGemvSplit);
-  }
+  for (const auto& [role, split] : options.decode_gemv_splits) check_decode_gemv_split(role, split);
   kv::KvCacheConfig kc;
   kc.num_layers = static_cast<int>(c.num_layers);
   kc.num_kv_heads = static_cast<int>(c.num_kv_heads);

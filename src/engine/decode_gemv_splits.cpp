@@ -7,6 +7,13 @@
 
 namespace lowbit::engine {
 
+void check_decode_gemv_split(std::string_view role, int split) {
+  LOWBIT_REQUIRE(std::find(kDecodeGemmRoles.begin(), kDecodeGemmRoles.end(), role) != kDecodeGemmRoles.end(),
+                 "unknown role '", role, "' (qkv, o, gate_up, down, lm_head)");
+  LOWBIT_REQUIRE(split >= 1 && split <= kMaxDecodeGemvSplit, "'", role, "=", split,
+                 "': the split must be an integer from 1 to ", kMaxDecodeGemvSplit);
+}
+
 std::map<std::string, int> parse_decode_gemv_splits(std::string_view text) {
   std::map<std::string, int> splits;
   size_t start = 0;
@@ -19,13 +26,11 @@ std::map<std::string, int> parse_decode_gemv_splits(std::string_view text) {
     LOWBIT_REQUIRE(eq != std::string_view::npos && eq > 0 && eq + 1 < entry.size(), "'", entry,
                    "' is not role=split (e.g. qkv=4)");
     const std::string_view role = entry.substr(0, eq), value = entry.substr(eq + 1);
-    LOWBIT_REQUIRE(std::find(kDecodeGemmRoles.begin(), kDecodeGemmRoles.end(), role) != kDecodeGemmRoles.end(),
-                   "unknown role '", role, "' (qkv, o, gate_up, down, lm_head)");
     int split = 0;
     const auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), split);
-    LOWBIT_REQUIRE(ec == std::errc() && ptr == value.data() + value.size() && split >= 1 &&
-                       split <= kMaxDecodeGemvSplit,
-                   "'", entry, "': the split must be an integer from 1 to ", kMaxDecodeGemvSplit);
+    LOWBIT_REQUIRE(ec == std::errc() && ptr == value.data() + value.size(), "'", entry,
+                   "': the split must be an integer from 1 to ", kMaxDecodeGemvSplit);
+    check_decode_gemv_split(role, split);
     LOWBIT_REQUIRE(splits.emplace(std::string(role), split).second, "role '", role,
                    "' given twice");
   }

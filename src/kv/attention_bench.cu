@@ -318,11 +318,12 @@ void run_kv_attention_benchmark(const KvAttentionBenchOptions& options) {
     const double floor_us = fl == by_impl.end() ? 0 : fl->second.us;
     const double t = tq == by_impl.end() ? 0 : tq->second.us, f = fp == by_impl.end() ? 0 : fp->second.us;
     const double sdpa = sdpa_us(key.first, key.second), target = target_speedup(key.first, key.second);
+    const auto ratio = [](double num, double den) { return num > 0 && den > 0 ? num / den : 0.0; };
     // Met or not, decided on the unrounded ratio: 2.995x prints as 3.00x.
     char target_s[32] = "-";
     if (target > 0)
       std::snprintf(target_s, sizeof target_s, ">=%.1fx %s", target,
-                    sdpa > 0 && t > 0 ? (sdpa / t >= target ? "met" : "not met") : "no SDPA");
+                    ratio(sdpa, t) > 0 ? (ratio(sdpa, t) >= target ? "met" : "not met") : "no SDPA");
     // A time or ratio that is not there (no SDPA time for this point in
     // --sdpa's file, no read floor run) prints as "-", not as 0.
     const auto cell = [](double v, const char* format) {
@@ -330,7 +331,6 @@ void run_kv_attention_benchmark(const KvAttentionBenchOptions& options) {
       if (v > 0) std::snprintf(b, sizeof b, format, v);
       return std::string(b);
     };
-    const auto ratio = [](double num, double den) { return num > 0 && den > 0 ? num / den : 0.0; };
     std::printf("%5d %7lld | %9.1f %7.0f | %9.1f %7.0f | %9s | %8s %14s | %9s %7.2fx | %9s %10s\n", key.first,
                 static_cast<long long>(key.second), t, tq == by_impl.end() ? 0.0 : tq->second.GBps, f,
                 fp == by_impl.end() ? 0.0 : fp->second.GBps, cell(sdpa, "%.1f").c_str(),

@@ -27,8 +27,9 @@ struct CudaTimerOptions {
   // warm-up. Without it a light call timed right after a heavy one ran slow:
   // in `lowbit bench gemm` the same one-row kernel 10-20% slower right after
   // a 1024-row point than ~40 ms later, and equal with 50 ms of idle
-  // (docs/w4a16-gemm.md v43; most likely the clocks recovering from the
-  // heavy call's power draw, which was not logged).
+  // (docs/w4a16-gemm.md v43). v44's telemetry shows the heavy points at the
+  // GPU's power cap with a lower SM clock; that its recovery is the cause is
+  // a reading (docs/engine.md v44, where a model step needed ~1 s).
   int settle_ms = 0;
   cudaStream_t stream = nullptr;  // the stream `launch` must enqueue on
 };

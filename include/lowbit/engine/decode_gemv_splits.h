@@ -23,6 +23,11 @@ inline constexpr std::array<std::string_view, 5> kDecodeGemmRoles = {"qkv", "o",
 // k-iterations, K / 64).
 inline constexpr int kMaxDecodeGemvSplit = 1024;
 
+// Throws Error(invalid_argument) unless role is one of kDecodeGemmRoles and
+// split is 1..kMaxDecodeGemvSplit: the check of the parser and of
+// CudaEngineOptions::decode_gemv_splits.
+void check_decode_gemv_split(std::string_view role, int split);
+
 // Parses "role=split[,role=split...]": roles from kDecodeGemmRoles, each at
 // most once, splits 1..kMaxDecodeGemvSplit. An empty text gives an empty map.
 // Throws Error(invalid_argument) naming the entry and what was expected.
