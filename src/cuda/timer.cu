@@ -37,10 +37,24 @@ class EventPairs {
 };
 
 // Reads every 16 bytes of the buffer once; the xor keeps the loads alive.
+// Each thread issues kReadsInFlight independent loads before it consumes
+// any: with one load per thread and trip (the first version), 1024 x 256
+// threads kept ~32 KB per SM in flight, and the `--read-floor` rows it timed
+// read a 142 MB matrix at 3.1 TB/s where cuBLAS reads 537 MB at 4.0 TB/s
+// (docs/results/h200-check-v43.txt): a floor that slow is no ceiling.
+constexpr int kReadsInFlight = 4;
 __global__ void read_buffer_kernel(const uint4* p, size_t n, unsigned* sink) {
   uint32_t acc = 0;
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  for (; i + (kReadsInFlight - 1) * stride < n; i += kReadsInFlight * stride) {
+    uint4 v[kReadsInFlight];
+#pragma unroll
+    for (int u = 0; u < kReadsInFlight; ++u) v[u] = p[i + u * stride];
+#pragma unroll
+    for (int u = 0; u < kReadsInFlight; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  for (; i < n; i += stride) {
     const uint4 v = p[i];
     acc ^= v.x ^ v.y ^ v.z ^ v.w;
   }

@@ -621,7 +621,7 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
         // their fill is not the grid's either.
         const bool stream_k = options.split_k <= 0 && tiles < wave &&
                               choose_wgmma_stream_k(tiles, wave, iters, wgmma_uniform_split(tiles, wave, iters),
-                                                    options.stream_k_ctas, M * w.K_padded() * 2,
+                                                    (M + rows - 1) / rows, options.stream_k_ctas, M * w.K_padded() * 2,
                                                     l2_bytes(w.device())) > 0;
         if (filled < 0.75 && !tail && !stream_k) plan.strategy = W4A16Strategy::decoupled;
       }
@@ -694,6 +694,7 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
     if (options.split_k <= 0 && plan.rows_per_pass >= w4a16_detail::kWgmmaMinTailRows && n_tiles < wave &&
         options.stream_k_ctas != 1) {
       plan.stream_k_ctas = choose_wgmma_stream_k(n_tiles, wave, iters, wgmma_uniform_split(n_tiles, wave, iters),
+                                                 (M + plan.rows_per_pass - 1) / plan.rows_per_pass,
                                                  options.stream_k_ctas,
                                                  M * w.K_padded() * 2, l2_bytes(w.device()));
       if (plan.stream_k_ctas > 0) choice = 1;

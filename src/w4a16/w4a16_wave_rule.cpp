@@ -1,6 +1,7 @@
 #include "lowbit/w4a16/w4a16_wave_rule.h"
 
 #include <algorithm>
+#include <string>
 
 #include "lowbit/core/error.h"
 
@@ -24,12 +25,13 @@ WgmmaTailSplit choose_wgmma_tail(int64_t tiles, int64_t wave, int iters, int for
   return best;
 }
 
-int64_t choose_wgmma_stream_k(int64_t tiles, int64_t wave, int iters, int64_t uniform_split, int64_t forced,
-                              int64_t x_bytes, int64_t l2_bytes) {
+int64_t choose_wgmma_stream_k(int64_t tiles, int64_t wave, int iters, int64_t uniform_split, int64_t row_tiles,
+                              int64_t forced, int64_t x_bytes, int64_t l2_bytes) {
   LOWBIT_CHECK_ARG(tiles >= 1, "tiles", tiles, "at least 1");
   LOWBIT_CHECK_ARG(wave >= 1, "wave", wave, "at least 1");
   LOWBIT_CHECK_ARG(iters >= 1, "iters", iters, "at least 1");
   LOWBIT_CHECK_ARG(uniform_split >= 1, "uniform_split", uniform_split, "at least 1");
+  LOWBIT_CHECK_ARG(row_tiles >= 1 && row_tiles <= tiles, "row_tiles", row_tiles, "1 to tiles = " + std::to_string(tiles));
   LOWBIT_CHECK_ARG(forced >= 0, "forced", forced, "0 (the rule), 1 (none) or a CTA count >= 2");
   LOWBIT_CHECK_ARG(x_bytes >= 0, "x_bytes", x_bytes, ">= 0");
   LOWBIT_CHECK_ARG(l2_bytes >= 1, "l2_bytes", l2_bytes, "at least 1");
@@ -40,7 +42,7 @@ int64_t choose_wgmma_stream_k(int64_t tiles, int64_t wave, int iters, int64_t un
   const double stream_k = static_cast<double>((total + wave - 1) / wave) + 2.0 * kTailFixupIters;
   const double uniform = static_cast<double>((iters + uniform_split - 1) / uniform_split);
   if (stream_k <= kStreamKGain * uniform) return std::min(wave, total);
-  if (iters <= kStreamKShortIters && uniform_split >= 3)
+  if (iters <= kStreamKShortIters && (uniform_split >= 3 || (uniform_split == 2 && row_tiles == 1)))
     return tiles * (uniform_split >= 6 ? (uniform_split + 1) / 2 : uniform_split);
   return 0;
 }

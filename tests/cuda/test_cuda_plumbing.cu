@@ -340,6 +340,31 @@ TEST(CudaTimer, ReadDeviceBufferRefusesSizesAndAddressesOffTheVectorGrid) {
   EXPECT_THROW(cuda::read_device_buffer(host + 4, 32, nullptr, nullptr), Error);
 }
 
+// The read floor reads every vector: in a zero buffer one vector holds the
+// kernel's marker, so exactly the thread that loads it ends on the marker
+// and counts once. Positions in the unrolled trips and in the remainder
+// loop, for a size off the kernel's stride (1024 CTAs x 256 threads x 4
+// loads) and for one far below a single trip.
+TEST(CudaTimer, ReadDeviceBufferReadsEveryVector) {
+  LOWBIT_REQUIRE_GPU();
+  constexpr uint32_t kMarker = 0x9E3779B9u;
+  for (const size_t vectors : {size_t{5}, size_t{1024} * 256 * 4 * 2 + 1024 * 256 + 37}) {
+    Buffer data(vectors * 16, Device::cuda), sink(sizeof(unsigned), Device::cuda);
+    LOWBIT_CUDA_CHECK(cudaMemset(data.data(), 0, data.size()));
+    for (const size_t at : {size_t{0}, vectors / 2, vectors - 1, vectors - 40}) {
+      if (at >= vectors) continue;
+      LOWBIT_CUDA_CHECK(cudaMemset(sink.data(), 0, sizeof(unsigned)));
+      Buffer::copy(data.as<uint8_t>() + at * 16, Device::cuda, &kMarker, Device::cpu, sizeof(kMarker));
+      cuda::read_device_buffer(data.data(), data.size(), static_cast<unsigned*>(sink.data()), nullptr);
+      LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+      unsigned count = 0;
+      Buffer::copy(&count, Device::cpu, sink.data(), Device::cuda, sizeof(count));
+      EXPECT_EQ(count, 1u) << "vector " << at << " of " << vectors;
+      LOWBIT_CUDA_CHECK(cudaMemset(data.as<uint8_t>() + at * 16, 0, 16));
+    }
+  }
+}
+
 // Both ways of evicting L2 evict it: a 20 MB read (it fits in the H100's
 // L2) is slower after either flush than when it stays cached. Each mode's
 // time is the least of three medians, the modes interleaved and the cached

@@ -63,25 +63,34 @@ WgmmaTailSplit choose_wgmma_tail(int64_t tiles, int64_t wave, int iters, int for
 // gained 0-8% (o) and 3-15% (down) over three machines: docs/w4a16-gemm.md,
 // v15.)
 //
-// Short K (iters <= kStreamKShortIters) with a uniform split S >= 3: the
+// Short K (iters <= kStreamKShortIters) with a uniform split S >= 3, or S =
+// 2 in a grid of one row tile (row_tiles, the tiles along M): the
 // same split run as stream-K, G = T x S' CTAs with S' = S, or ceil(S / 2)
 // from S = 6 on, so that every CTA holds exactly one piece (the pieces are
 // the uniform split's, or pairs of them). What changes is the fix-up: the
-// uniform split's last CTA walks its S row-major partials one L2 round trip
-// per split and 4 quads (32 round trips for the 128-row tile at S = 8),
-// stream-K's reads them in accumulator order with 8-16 loads in flight; on
-// short K that fix-up is a large part of the call. Measured on the H100
-// (docs/w4a16-gemm.md, v15): sq4096 at 128 rows 31.2 -> 22.4 us, qwen3-o at
-// 128 rows 33.5 -> 29.4, qwen3-qkv 37.9 -> 34.5; K of 256+ k-iterations lost
-// 1-6% the same way, and S = 2 was not measured everywhere.
+// uniform split's last CTA stores its own partial too and reads all S back
+// (a fixed order whichever CTA comes last), stream-K's CTA of a tile's first
+// piece keeps its accumulators and reads the S - 1 others; on short K that
+// fix-up is a large part of the call. Measured on the H100 (docs/w4a16-gemm.md,
+// v15): sq4096 at 128 rows 31.2 -> 22.4 us, qwen3-o at 128 rows 33.5 -> 29.4,
+// qwen3-qkv 37.9 -> 34.5; K of 256+ k-iterations lost 1-6% the same way. S =
+// 2 on an H200 (v45, one lease): one row tile gained 5-9% at every point
+// measured (sq8192 and qwen3-qkv at 160, 192 and 256 rows, f16 and bf16:
+// sq8192 at 256 rows 60.7 -> 56.6 us, qwen3-qkv 43.2 -> 40.5); two row
+// tiles gained at 384 and 512 rows (sq4096 +6%, +12%) but lost 18% at 320
+// (38.5 -> 45.4 us), as the stream-K over the wave above loses on qwen3-o at
+// 320 and 384 rows (58.0 -> 69.9, 57.5 -> 63.3) and gains at 512. Why a
+// partly filled second row tile costs stream-K that much is not known, so
+// S = 2 takes stream-K only with one row tile.
 //
 // uniform_split: wgmma_uniform_split below. Returns G (the CTAs), or 0 for none. forced >= 2: that many CTAs, clamped
 // to [T, T x iters] (at least one k-iteration per CTA and at most two pieces
 // per CTA), wherever T < W, whatever the size of x; forced == 1: never;
 // forced == 0: the rule. Error(invalid_argument) for tiles, wave, iters or
-// uniform_split < 1, forced < 0, x_bytes < 0 or l2_bytes < 1.
-int64_t choose_wgmma_stream_k(int64_t tiles, int64_t wave, int iters, int64_t uniform_split, int64_t forced,
-                              int64_t x_bytes, int64_t l2_bytes);
+// uniform_split < 1, row_tiles outside [1, tiles], forced < 0, x_bytes < 0 or
+// l2_bytes < 1.
+int64_t choose_wgmma_stream_k(int64_t tiles, int64_t wave, int iters, int64_t uniform_split, int64_t row_tiles,
+                              int64_t forced, int64_t x_bytes, int64_t l2_bytes);
 inline constexpr double kStreamKGain = 0.85;
 inline constexpr int kStreamKShortIters = 128;
 
