@@ -618,11 +618,15 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
         const bool tail =
             options.split_k <= 0 && choose_wgmma_tail(tiles, wave, iters, options.tail_split).tail_tiles > 0;
         // Fewer tiles than a wave run stream-K where that pays (below), so
-        // their fill is not the grid's either.
+        // their fill is not the grid's either. Asked as for whole row tiles:
+        // where a partly filled last one keeps the wgmma plan off stream-K
+        // (choose_wgmma_stream_k), this choice stays what it was before that
+        // condition (v45), since wgmma's uniform split against the decoupled
+        // GEMM was not measured there.
         const bool stream_k = options.split_k <= 0 && tiles < wave &&
                               choose_wgmma_stream_k(tiles, wave, iters, wgmma_uniform_split(tiles, wave, iters),
-                                                    (M + rows - 1) / rows, options.stream_k_ctas, M * w.K_padded() * 2,
-                                                    l2_bytes(w.device())) > 0;
+                                                    (M + rows - 1) / rows * rows, rows, options.stream_k_ctas,
+                                                    M * w.K_padded() * 2, l2_bytes(w.device())) > 0;
         if (filled < 0.75 && !tail && !stream_k) plan.strategy = W4A16Strategy::decoupled;
       }
     } else {
@@ -694,8 +698,7 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
     if (options.split_k <= 0 && plan.rows_per_pass >= w4a16_detail::kWgmmaMinTailRows && n_tiles < wave &&
         options.stream_k_ctas != 1) {
       plan.stream_k_ctas = choose_wgmma_stream_k(n_tiles, wave, iters, wgmma_uniform_split(n_tiles, wave, iters),
-                                                 (M + plan.rows_per_pass - 1) / plan.rows_per_pass,
-                                                 options.stream_k_ctas,
+                                                 M, plan.rows_per_pass, options.stream_k_ctas,
                                                  M * w.K_padded() * 2, l2_bytes(w.device()));
       if (plan.stream_k_ctas > 0) choice = 1;
     }

@@ -25,24 +25,30 @@ WgmmaTailSplit choose_wgmma_tail(int64_t tiles, int64_t wave, int iters, int for
   return best;
 }
 
-int64_t choose_wgmma_stream_k(int64_t tiles, int64_t wave, int iters, int64_t uniform_split, int64_t row_tiles,
-                              int64_t forced, int64_t x_bytes, int64_t l2_bytes) {
+int64_t choose_wgmma_stream_k(int64_t tiles, int64_t wave, int iters, int64_t uniform_split, int64_t rows,
+                              int tile_rows, int64_t forced, int64_t x_bytes, int64_t l2_bytes) {
   LOWBIT_CHECK_ARG(tiles >= 1, "tiles", tiles, "at least 1");
   LOWBIT_CHECK_ARG(wave >= 1, "wave", wave, "at least 1");
   LOWBIT_CHECK_ARG(iters >= 1, "iters", iters, "at least 1");
   LOWBIT_CHECK_ARG(uniform_split >= 1, "uniform_split", uniform_split, "at least 1");
-  LOWBIT_CHECK_ARG(row_tiles >= 1 && row_tiles <= tiles, "row_tiles", row_tiles, "1 to tiles = " + std::to_string(tiles));
+  LOWBIT_CHECK_ARG(rows >= 1, "rows", rows, "at least 1");
+  LOWBIT_CHECK_ARG(tile_rows >= 1, "tile_rows", tile_rows, "at least 1");
+  const int64_t row_tiles = (rows + tile_rows - 1) / tile_rows;
+  LOWBIT_CHECK_ARG(row_tiles <= tiles, "rows", rows,
+                   "at most tiles x tile_rows = " + std::to_string(tiles * tile_rows) + " (a row tile has column tiles)");
   LOWBIT_CHECK_ARG(forced >= 0, "forced", forced, "0 (the rule), 1 (none) or a CTA count >= 2");
   LOWBIT_CHECK_ARG(x_bytes >= 0, "x_bytes", x_bytes, ">= 0");
   LOWBIT_CHECK_ARG(l2_bytes >= 1, "l2_bytes", l2_bytes, "at least 1");
   if (forced == 1 || tiles >= wave) return 0;
   const int64_t total = tiles * iters;
   if (forced >= 2) return std::clamp(forced, tiles, total);
+  const int64_t last_rows = rows - (row_tiles - 1) * tile_rows;
+  if (iters <= kStreamKShortIters && row_tiles > 1 && 4 * last_rows < 3 * int64_t{tile_rows}) return 0;
   if (x_bytes > l2_bytes / 2) return 0;
   const double stream_k = static_cast<double>((total + wave - 1) / wave) + 2.0 * kTailFixupIters;
   const double uniform = static_cast<double>((iters + uniform_split - 1) / uniform_split);
   if (stream_k <= kStreamKGain * uniform) return std::min(wave, total);
-  if (iters <= kStreamKShortIters && (uniform_split >= 3 || (uniform_split == 2 && row_tiles == 1)))
+  if (iters <= kStreamKShortIters && uniform_split >= 2)
     return tiles * (uniform_split >= 6 ? (uniform_split + 1) / 2 : uniform_split);
   return 0;
 }

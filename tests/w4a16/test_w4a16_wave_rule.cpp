@@ -69,18 +69,18 @@ TEST(W4A16WaveRule, StreamKWhereTheUniformSplitLeavesTheWaveIdle) {
   // SMs busy. Stream-K gives every SM ceil(80 x 80 / 132) = 49 k-iterations
   // of Qwen3-14B's o projection (+3 for its fix-up, against 80), and 165 of
   // the down projection's 272 (x: 512 x 17408 in 16 bits, 18 MB).
-  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 80, 1, 2, 0, kX, kL2), 132);
-  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 272, 1, 2, 0, 512 * 17408 * 2, kL2), 132);
+  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 80, 1, 512, 256, 0, kX, kL2), 132);
+  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 272, 1, 512, 256, 0, 512 * 17408 * 2, kL2), 132);
   // Where the uniform split already fills the wave, no spreading over the
-  // wave: 64 tiles split 2 (sq4096 at 512 rows: 32 against 32 + 3); 112
-  // tiles (qwen3-qkv at 512 rows): 68 + 3 against 80, 89%, not enough.
-  EXPECT_EQ(choose_wgmma_stream_k(64, 132, 64, 2, 2, 0, kX, kL2), 0);
-  EXPECT_EQ(choose_wgmma_stream_k(112, 132, 80, 1, 2, 0, kX, kL2), 0);
+  // wave: 112 tiles (qwen3-qkv at 512 rows): 68 + 3 against 80, 89%, not
+  // enough. (64 tiles split 2, sq4096 at 512 rows, 32 against 32 + 3, run
+  // their split as stream-K: short K, below.)
+  EXPECT_EQ(choose_wgmma_stream_k(112, 132, 80, 1, 512, 256, 0, kX, kL2), 0);
   // Long K (256+ k-iterations): the uniform split stays (sq16384 at 64 rows,
   // qwen3-down at 128, llama70-down at 64).
-  EXPECT_EQ(choose_wgmma_stream_k(128, 264, 256, 2, 1, 0, kX, kL2), 0);
-  EXPECT_EQ(choose_wgmma_stream_k(40, 264, 272, 6, 1, 0, kX, kL2), 0);
-  EXPECT_EQ(choose_wgmma_stream_k(64, 264, 448, 4, 1, 0, kX, kL2), 0);
+  EXPECT_EQ(choose_wgmma_stream_k(128, 264, 256, 2, 128, 128, 0, kX, kL2), 0);
+  EXPECT_EQ(choose_wgmma_stream_k(40, 264, 272, 6, 128, 128, 0, kX, kL2), 0);
+  EXPECT_EQ(choose_wgmma_stream_k(64, 264, 448, 4, 128, 128, 0, kX, kL2), 0);
 }
 
 TEST(W4A16WaveRule, ShortKRunsTheUniformSplitAsStreamK) {
@@ -88,65 +88,84 @@ TEST(W4A16WaveRule, ShortKRunsTheUniformSplitAsStreamK) {
   // qwen3-o at 256 rows (40 tiles, S = 3), sq8192 at 128 rows (64 tiles of
   // 128 k-iterations, S = 4), sq4096 at 128 rows (32 tiles, S = 8 -> 4),
   // qwen3-o at 128 rows (40 tiles, S = 6 -> 3).
-  EXPECT_EQ(choose_wgmma_stream_k(40, 132, 80, 3, 1, 0, kX, kL2), 120);
-  EXPECT_EQ(choose_wgmma_stream_k(64, 264, 128, 4, 1, 0, kX, kL2), 256);
-  EXPECT_EQ(choose_wgmma_stream_k(32, 264, 64, 8, 1, 0, kX, kL2), 128);
-  EXPECT_EQ(choose_wgmma_stream_k(40, 264, 80, 6, 1, 0, kX, kL2), 120);
-  // S = 2 in a grid of one row tile (since v45): sq8192 at 256 rows (64
-  // tiles of 128 k-iterations) and qwen3-qkv at 129-256 rows (56 tiles of
-  // 80). With two row tiles (sq4096 at 257-512 rows) S = 2 keeps the
-  // uniform split (above: it lost at 320 rows).
-  EXPECT_EQ(choose_wgmma_stream_k(64, 132, 128, 2, 1, 0, kX, kL2), 128);
-  EXPECT_EQ(choose_wgmma_stream_k(56, 132, 80, 2, 1, 0, kX, kL2), 112);
+  EXPECT_EQ(choose_wgmma_stream_k(40, 132, 80, 3, 256, 256, 0, kX, kL2), 120);
+  EXPECT_EQ(choose_wgmma_stream_k(64, 264, 128, 4, 128, 128, 0, kX, kL2), 256);
+  EXPECT_EQ(choose_wgmma_stream_k(32, 264, 64, 8, 128, 128, 0, kX, kL2), 128);
+  EXPECT_EQ(choose_wgmma_stream_k(40, 264, 80, 6, 128, 128, 0, kX, kL2), 120);
+  // S = 2 (since v45): sq8192 at 256 rows (64 tiles of 128 k-iterations),
+  // qwen3-qkv at 160 rows (56 tiles of 80), sq4096 at 512 rows (64 tiles of
+  // 64).
+  EXPECT_EQ(choose_wgmma_stream_k(64, 132, 128, 2, 256, 256, 0, kX, kL2), 128);
+  EXPECT_EQ(choose_wgmma_stream_k(56, 132, 80, 2, 160, 256, 0, kX, kL2), 112);
+  EXPECT_EQ(choose_wgmma_stream_k(64, 132, 64, 2, 512, 256, 0, kX, kL2), 128);
   // S = 1 keeps the uniform split (no fix-up at all); so does K of 129+
   // k-iterations at any S.
-  EXPECT_EQ(choose_wgmma_stream_k(120, 132, 80, 1, 3, 0, kX, kL2), 0);
-  EXPECT_EQ(choose_wgmma_stream_k(32, 264, 129, 8, 1, 0, kX, kL2), 0);
-  EXPECT_EQ(choose_wgmma_stream_k(64, 132, 129, 2, 1, 0, kX, kL2), 0);
+  EXPECT_EQ(choose_wgmma_stream_k(120, 132, 80, 1, 768, 256, 0, kX, kL2), 0);
+  EXPECT_EQ(choose_wgmma_stream_k(32, 264, 129, 8, 128, 128, 0, kX, kL2), 0);
+  EXPECT_EQ(choose_wgmma_stream_k(64, 132, 129, 2, 256, 256, 0, kX, kL2), 0);
   // x beyond half of L2: none.
-  EXPECT_EQ(choose_wgmma_stream_k(32, 264, 64, 8, 1, 0, kL2, kL2), 0);
+  EXPECT_EQ(choose_wgmma_stream_k(32, 264, 64, 8, 128, 128, 0, kL2, kL2), 0);
   // A wave or more: the tail rule's domain.
-  EXPECT_EQ(choose_wgmma_stream_k(132, 132, 80, 1, 1, 0, kX, kL2), 0);
-  EXPECT_EQ(choose_wgmma_stream_k(160, 132, 80, 1, 4, 0, kX, kL2), 0);
+  EXPECT_EQ(choose_wgmma_stream_k(132, 132, 80, 1, 256, 256, 0, kX, kL2), 0);
+  EXPECT_EQ(choose_wgmma_stream_k(160, 132, 80, 1, 1024, 256, 0, kX, kL2), 0);
   // Fewer k-iterations in all than the wave: one CTA per k-iteration.
-  EXPECT_EQ(choose_wgmma_stream_k(3, 132, 10, 1, 1, 0, kX, kL2), 30);
+  EXPECT_EQ(choose_wgmma_stream_k(3, 132, 10, 1, 256, 256, 0, kX, kL2), 30);
+}
+
+TEST(W4A16WaveRule, ShortKNoStreamKWhenTheLastOfSeveralRowTilesIsLessThanThreeQuartersFull) {
+  // qwen3-o's 80 tiles (two row tiles of 256): stream-K over the wave from
+  // 448 rows on (the last row tile 192 of 256 rows), not at 257-447.
+  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 80, 1, 448, 256, 0, kX, kL2), 132);
+  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 80, 1, 447, 256, 0, kX, kL2), 0);
+  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 80, 1, 320, 256, 0, kX, kL2), 0);
+  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 80, 1, 257, 256, 0, kX, kL2), 0);
+  // The short-K split likewise (sq4096, 64 tiles split 2).
+  EXPECT_EQ(choose_wgmma_stream_k(64, 132, 64, 2, 384, 256, 0, kX, kL2), 0);
+  EXPECT_EQ(choose_wgmma_stream_k(64, 132, 64, 2, 480, 256, 0, kX, kL2), 128);
+  // One row tile, however full: stream-K (qwen3-o at 129 rows, S = 3).
+  EXPECT_EQ(choose_wgmma_stream_k(40, 132, 80, 3, 129, 256, 0, kX, kL2), 120);
+  // Forced stream-K ignores the fill; long K (qwen3-down, 272 k-iterations)
+  // keeps stream-K whatever the fill (not measured).
+  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 80, 1, 320, 256, 132, kX, kL2), 132);
+  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 272, 1, 320, 256, 0, 320 * 17408 * 2, kL2), 132);
 }
 
 TEST(W4A16WaveRule, NoStreamKWhenXOutgrowsHalfOfL2) {
   // The same 80 tiles with x of 29 MB (K = 28672 at 512 rows): the
   // CTAs spread over K would re-read x from HBM.
-  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 448, 1, 2, 0, int64_t{512} * 28672 * 2, kL2), 0);
-  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 400, 1, 2, 0, kL2 / 2, kL2), 132);
+  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 448, 1, 512, 256, 0, int64_t{512} * 28672 * 2, kL2), 0);
+  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 400, 1, 512, 256, 0, kL2 / 2, kL2), 132);
   // Forcing ignores the size of x.
-  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 448, 1, 2, 132, int64_t{512} * 28672 * 2, kL2), 132);
+  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 448, 1, 512, 256, 132, int64_t{512} * 28672 * 2, kL2), 132);
 }
 
 TEST(W4A16WaveRule, ForcedStreamK) {
-  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 80, 1, 2, 1, kX, kL2), 0);
-  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 80, 1, 2, 100, kX, kL2), 100);
+  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 80, 1, 512, 256, 1, kX, kL2), 0);
+  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 80, 1, 512, 256, 100, kX, kL2), 100);
   // Clamped to one CTA per tile at least (a range then never spans more
   // than two tiles) and one per k-iteration at most.
-  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 80, 1, 2, 2, kX, kL2), 80);
-  EXPECT_EQ(choose_wgmma_stream_k(3, 132, 10, 1, 1, 1000, kX, kL2), 30);
+  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 80, 1, 512, 256, 2, kX, kL2), 80);
+  EXPECT_EQ(choose_wgmma_stream_k(3, 132, 10, 1, 256, 256, 1000, kX, kL2), 30);
   // Even where the rule says no; but not for a wave or more of tiles.
-  EXPECT_EQ(choose_wgmma_stream_k(64, 132, 64, 2, 2, 132, kX, kL2), 132);
-  EXPECT_EQ(choose_wgmma_stream_k(132, 132, 80, 1, 1, 132, kX, kL2), 0);
+  EXPECT_EQ(choose_wgmma_stream_k(64, 132, 64, 2, 512, 256, 132, kX, kL2), 132);
+  EXPECT_EQ(choose_wgmma_stream_k(132, 132, 80, 1, 256, 256, 132, kX, kL2), 0);
 }
 
 TEST(W4A16WaveRule, StreamKRejectsBadArguments) {
-  auto call = [](int64_t tiles, int64_t wave, int iters, int64_t uniform, int64_t row_tiles, int64_t forced, int64_t x,
-                 int64_t l2) {
-    return [=] { choose_wgmma_stream_k(tiles, wave, iters, uniform, row_tiles, forced, x, l2); };
+  auto call = [](int64_t tiles, int64_t wave, int iters, int64_t uniform, int64_t rows, int tile_rows, int64_t forced,
+                 int64_t x, int64_t l2) {
+    return [=] { choose_wgmma_stream_k(tiles, wave, iters, uniform, rows, tile_rows, forced, x, l2); };
   };
-  EXPECT_TRUE(test::throws_error(call(0, 132, 80, 1, 1, 0, kX, kL2), ErrorKind::invalid_argument, "tiles"));
-  EXPECT_TRUE(test::throws_error(call(10, 0, 80, 1, 1, 0, kX, kL2), ErrorKind::invalid_argument, "wave"));
-  EXPECT_TRUE(test::throws_error(call(10, 132, 0, 1, 1, 0, kX, kL2), ErrorKind::invalid_argument, "iters"));
-  EXPECT_TRUE(test::throws_error(call(10, 132, 8, 0, 1, 0, kX, kL2), ErrorKind::invalid_argument, "uniform_split"));
-  EXPECT_TRUE(test::throws_error(call(10, 132, 8, 1, 0, 0, kX, kL2), ErrorKind::invalid_argument, "row_tiles"));
-  EXPECT_TRUE(test::throws_error(call(10, 132, 8, 1, 11, 0, kX, kL2), ErrorKind::invalid_argument, "row_tiles"));
-  EXPECT_TRUE(test::throws_error(call(10, 132, 8, 1, 1, -1, kX, kL2), ErrorKind::invalid_argument, "forced"));
-  EXPECT_TRUE(test::throws_error(call(10, 132, 8, 1, 1, 0, -1, kL2), ErrorKind::invalid_argument, "x_bytes"));
-  EXPECT_TRUE(test::throws_error(call(10, 132, 8, 1, 1, 0, kX, 0), ErrorKind::invalid_argument, "l2_bytes"));
+  EXPECT_TRUE(test::throws_error(call(0, 132, 80, 1, 256, 256, 0, kX, kL2), ErrorKind::invalid_argument, "tiles"));
+  EXPECT_TRUE(test::throws_error(call(10, 0, 80, 1, 256, 256, 0, kX, kL2), ErrorKind::invalid_argument, "wave"));
+  EXPECT_TRUE(test::throws_error(call(10, 132, 0, 1, 256, 256, 0, kX, kL2), ErrorKind::invalid_argument, "iters"));
+  EXPECT_TRUE(test::throws_error(call(10, 132, 8, 0, 256, 256, 0, kX, kL2), ErrorKind::invalid_argument, "uniform_split"));
+  EXPECT_TRUE(test::throws_error(call(10, 132, 8, 1, 0, 256, 0, kX, kL2), ErrorKind::invalid_argument, "rows"));
+  EXPECT_TRUE(test::throws_error(call(10, 132, 8, 1, 256, 0, 0, kX, kL2), ErrorKind::invalid_argument, "tile_rows"));
+  EXPECT_TRUE(test::throws_error(call(10, 132, 8, 1, 11 * 256, 256, 0, kX, kL2), ErrorKind::invalid_argument, "rows"));
+  EXPECT_TRUE(test::throws_error(call(10, 132, 8, 1, 256, 256, -1, kX, kL2), ErrorKind::invalid_argument, "forced"));
+  EXPECT_TRUE(test::throws_error(call(10, 132, 8, 1, 256, 256, 0, -1, kL2), ErrorKind::invalid_argument, "x_bytes"));
+  EXPECT_TRUE(test::throws_error(call(10, 132, 8, 1, 256, 256, 0, kX, 0), ErrorKind::invalid_argument, "l2_bytes"));
 }
 
 // The nine anchor shapes at 64 rows on an H100 (two-CTA wave 264):

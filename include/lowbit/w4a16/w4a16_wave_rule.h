@@ -63,8 +63,7 @@ WgmmaTailSplit choose_wgmma_tail(int64_t tiles, int64_t wave, int iters, int for
 // gained 0-8% (o) and 3-15% (down) over three machines: docs/w4a16-gemm.md,
 // v15.)
 //
-// Short K (iters <= kStreamKShortIters) with a uniform split S >= 3, or S =
-// 2 in a grid of one row tile (row_tiles, the tiles along M): the
+// Short K (iters <= kStreamKShortIters) with a uniform split S >= 2: the
 // same split run as stream-K, G = T x S' CTAs with S' = S, or ceil(S / 2)
 // from S = 6 on, so that every CTA holds exactly one piece (the pieces are
 // the uniform split's, or pairs of them). What changes is the fix-up: the
@@ -74,23 +73,30 @@ WgmmaTailSplit choose_wgmma_tail(int64_t tiles, int64_t wave, int iters, int for
 // fix-up is a large part of the call. Measured on the H100 (docs/w4a16-gemm.md,
 // v15): sq4096 at 128 rows 31.2 -> 22.4 us, qwen3-o at 128 rows 33.5 -> 29.4,
 // qwen3-qkv 37.9 -> 34.5; K of 256+ k-iterations lost 1-6% the same way. S =
-// 2 on an H200 (v45, one lease): one row tile gained 5-9% at every point
-// measured (sq8192 and qwen3-qkv at 160, 192 and 256 rows, f16 and bf16:
-// sq8192 at 256 rows 60.7 -> 56.6 us, qwen3-qkv 43.2 -> 40.5); two row
-// tiles gained at 384 and 512 rows (sq4096 +6%, +12%) but lost 18% at 320
-// (38.5 -> 45.4 us), as the stream-K over the wave above loses on qwen3-o at
-// 320 and 384 rows (58.0 -> 69.9, 57.5 -> 63.3) and gains at 512. Why a
-// partly filled second row tile costs stream-K that much is not known, so
-// S = 2 takes stream-K only with one row tile.
+// 2 on an H200 (v45, one lease): sq8192 at 256 rows 60.7 -> 56.6 us,
+// qwen3-qkv 43.2 -> 40.5, 5-9% at 160-256 rows on both.
+//
+// On short K both kinds of stream-K need the grid's last row tile (rows,
+// M, in tiles of tile_rows) at least three quarters full when there are
+// two or more: on an H200 (v45) qwen3-o's 80 tiles of 80 k-iterations ran
+// stream-K over the wave in 74.7 / 72.0 / 62-70 / 62.4 us at 257 / 288 /
+// 320 / 384 rows against 57.5-58.0 for the uniform split, and in 52.3 /
+// 49.2 / 49.7 us at 448 / 480 / 512 rows; sq4096's S = 2 lost at 257 / 288
+// rows (49.1, 47.3 against 39.6, 39.0) and gained from 448 (35.4 against
+// 37.9). The emptier the last row tile, the slower stream-K, although its
+// CTAs do the same work; why was not found. One row tile (M up to
+// tile_rows) was not affected. Long K (Qwen3-14B's down projection, 272
+// k-iterations, where stream-K cuts each CTA's range from 272 to 165) was
+// not measured so and keeps stream-K.
 //
 // uniform_split: wgmma_uniform_split below. Returns G (the CTAs), or 0 for none. forced >= 2: that many CTAs, clamped
 // to [T, T x iters] (at least one k-iteration per CTA and at most two pieces
-// per CTA), wherever T < W, whatever the size of x; forced == 1: never;
-// forced == 0: the rule. Error(invalid_argument) for tiles, wave, iters or
-// uniform_split < 1, row_tiles outside [1, tiles], forced < 0, x_bytes < 0 or
-// l2_bytes < 1.
-int64_t choose_wgmma_stream_k(int64_t tiles, int64_t wave, int iters, int64_t uniform_split, int64_t row_tiles,
-                              int64_t forced, int64_t x_bytes, int64_t l2_bytes);
+// per CTA), wherever T < W, whatever the size of x or the last row tile's
+// fill; forced == 1: never; forced == 0: the rule. Error(invalid_argument)
+// for tiles, wave, iters, uniform_split, rows or tile_rows < 1, more row
+// tiles than tiles, forced < 0, x_bytes < 0 or l2_bytes < 1.
+int64_t choose_wgmma_stream_k(int64_t tiles, int64_t wave, int iters, int64_t uniform_split, int64_t rows,
+                              int tile_rows, int64_t forced, int64_t x_bytes, int64_t l2_bytes);
 inline constexpr double kStreamKGain = 0.85;
 inline constexpr int kStreamKShortIters = 128;
 
