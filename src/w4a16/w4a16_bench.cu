@@ -158,7 +158,7 @@ void run_w4a16_gemm_benchmark(const W4A16BenchOptions& options) {
         W4A16Options o{W4A16Strategy::wgmma, 0};
         o.stream_k_ctas = ctas;
         W4A16Options probe = o;
-        probe.stream_k_ctas = 2;  // forced stream-K applies wherever the grid has fewer tiles than a wave
+        probe.stream_k_ctas = 2;  // forced stream-K applies wherever the tiles have 64 rows or more
         if (w4a16_plan(M, w, probe).stream_k_ctas == 0) continue;
         configs.emplace_back("lowbit_wgmma_sk" + std::to_string(ctas), o);
       }

@@ -694,13 +694,18 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
       if (tail.tail_tiles > 0) choice = 1;
     }
     // Fewer tiles than a wave: stream-K where the uniform split below
-    // leaves much of the wave idle (choose_wgmma_stream_k).
-    if (options.split_k <= 0 && plan.rows_per_pass >= w4a16_detail::kWgmmaMinTailRows && n_tiles < wave &&
-        options.stream_k_ctas != 1) {
+    // leaves much of the wave idle (choose_wgmma_stream_k). Forced, also
+    // over a wave or more of tiles, in place of the tail split.
+    if (options.split_k <= 0 && plan.rows_per_pass >= w4a16_detail::kWgmmaMinTailRows &&
+        (n_tiles < wave || options.stream_k_ctas >= 2) && options.stream_k_ctas != 1) {
       plan.stream_k_ctas = choose_wgmma_stream_k(n_tiles, wave, iters, wgmma_uniform_split(n_tiles, wave, iters),
                                                  M, plan.rows_per_pass, options.stream_k_ctas,
                                                  M * w.K_padded() * 2, l2_bytes(w.device()));
-      if (plan.stream_k_ctas > 0) choice = 1;
+      if (plan.stream_k_ctas > 0) {
+        choice = 1;
+        plan.tail_tiles = 0;
+        plan.tail_split = 1;
+      }
     }
     if (choice <= 0) {
       constexpr int64_t kCtaOverheadIters = 3;

@@ -39,9 +39,9 @@ int64_t choose_wgmma_stream_k(int64_t tiles, int64_t wave, int iters, int64_t un
   LOWBIT_CHECK_ARG(forced >= 0, "forced", forced, "0 (the rule), 1 (none) or a CTA count >= 2");
   LOWBIT_CHECK_ARG(x_bytes >= 0, "x_bytes", x_bytes, ">= 0");
   LOWBIT_CHECK_ARG(l2_bytes >= 1, "l2_bytes", l2_bytes, "at least 1");
-  if (forced == 1 || tiles >= wave) return 0;
   const int64_t total = tiles * iters;
-  if (forced >= 2) return std::clamp(forced, tiles, total);
+  if (forced >= 2) return std::min(forced, total);
+  if (forced == 1 || tiles >= wave) return 0;
   const int64_t last_rows = rows - (row_tiles - 1) * tile_rows;
   if (iters <= kStreamKShortIters && row_tiles > 1 && 4 * last_rows < 3 * int64_t{tile_rows}) return 0;
   if (x_bytes > l2_bytes / 2) return 0;

@@ -330,7 +330,9 @@ __global__ void __launch_bounds__(kCtaThreads<kMTile, kDense>, kMinCtasPerSm<kMT
   const int n_blocks = args.N_pad / 64;
   const int split = work.split, n_splits = work.n_splits;
   // The CTA's k-iterations: n from it_begin in its tile; with stream-K the
-  // first first_piece of them, and the rest from k = 0 of the next tile.
+  // first first_piece of them, and the rest from k = 0 of the next tiles
+  // (a range longer than a tile, where the grid has fewer CTAs than tiles,
+  // holds whole tiles between its first and its last piece).
   int it_begin, n, first_piece;
   if constexpr (kStreamK) {
     it_begin = work.first - work.tile * args.iters;
@@ -380,7 +382,7 @@ __global__ void __launch_bounds__(kCtaThreads<kMTile, kDense>, kMinCtasPerSm<kMT
   // contiguous, and so are a group's scale/zero pairs of those columns.
   // Local iteration i < first_piece is k-iteration it_begin + i of the
   // CTA's tile; with stream-K, iteration i >= first_piece is k-iteration
-  // i - first_piece of the next tile.
+  // (i - first_piece) % iters of the tile (i - first_piece) / iters after it.
   struct StageSource {
     int k_it, col_tile, m0;
     uint32_t w_bytes, sz_bytes;
@@ -390,8 +392,9 @@ __global__ void __launch_bounds__(kCtaThreads<kMTile, kDense>, kMinCtasPerSm<kMT
   auto stage_source = [&](int i) {
     if (!kStreamK || i < first_piece)
       return StageSource{it_begin + i, work.col_tile, work.row_tile * kMTile, w_bytes, sz_bytes};
-    const int tile = work.tile + 1, col_tile = tile / row_tiles, blocks = min(2, n_blocks - col_tile * 2);
-    return StageSource{i - first_piece, col_tile, tile % row_tiles * kMTile,
+    const int rel = i - first_piece, whole = rel / args.iters;
+    const int tile = work.tile + 1 + whole, col_tile = tile / row_tiles, blocks = min(2, n_blocks - col_tile * 2);
+    return StageSource{rel - whole * args.iters, col_tile, tile % row_tiles * kMTile,
                        static_cast<uint32_t>(blocks * 128 * 16), static_cast<uint32_t>(blocks * 64 * 4)};
   };
   // Rows k0 and k0 + 32 share their scales unless the group is 32 rows: one
@@ -591,6 +594,9 @@ __global__ void __launch_bounds__(kCtaThreads<kMTile, kDense>, kMinCtasPerSm<kMT
   const uint64_t x_desc0 = sw128_desc(smem_base);
   int s = 0;            // this k-iteration's slot, j % kStages
   uint32_t phase = 0;   // and the parity of its use, (j / kStages) & 1
+  // Stream-K: the piece being computed, its tile, its first k-iteration in
+  // that tile, and the local iteration after its last.
+  int piece_tile = work.tile, piece_k = it_begin, piece_end = first_piece;
 
   // One k-iteration (64 rows of K): dequantize this warp's 16 x 64 slice of
   // W^T into the A fragments of four k16 steps, then four wgmma.
@@ -677,24 +683,29 @@ __global__ void __launch_bounds__(kCtaThreads<kMTile, kDense>, kMinCtasPerSm<kMT
     }
     if (++s == kStages) s = 0, phase ^= 1;
     if constexpr (kStreamK)
-      if (j + 1 == first_piece && first_piece < n) {
-        // Stream-K: the range's first tile ends here, and since the range
-        // goes on it did not start at k = 0 (ranges are at most a tile long).
-        publish_stream_k_partial(work.tile);
+      if (j + 1 == piece_end && piece_end < n) {
+        // Stream-K: a piece that ends before the range does ends its tile.
+        // The range's first piece is a partial unless it began at k = 0;
+        // any later one began at k = 0, so it is a whole tile (a range
+        // longer than a tile), stored as it is.
+        if (piece_k > 0) publish_stream_k_partial(piece_tile);
+        else store_y();
 #pragma unroll
         for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
-        const int tile = work.tile + 1;
-        m0 = (tile % row_tiles) * kMTile;
-        nb = tile / row_tiles * 2 + wg;
+        ++piece_tile;
+        piece_k = 0;
+        piece_end = min(n, piece_end + args.iters);
+        m0 = (piece_tile % row_tiles) * kMTile;
+        nb = piece_tile / row_tiles * 2 + wg;
         active = nb < n_blocks;
       }
   }
 
   if constexpr (kStreamK) {
-    if (first_piece < n)
-      finish_stream_k_piece(work.tile + 1, 0, n - first_piece);
-    else
-      finish_stream_k_piece(work.tile, it_begin, n);
+    // The range's last piece, from local iteration piece_begin: the whole
+    // range, or k = 0 of a tile after the first.
+    const int piece_begin = piece_tile == work.tile ? 0 : first_piece + (piece_tile - work.tile - 1) * args.iters;
+    finish_stream_k_piece(piece_tile, piece_k, n - piece_begin);
     return;
   }
 
@@ -935,9 +946,9 @@ void launch_wgmma(const WgmmaArgs& args, int rows_per_tile, bool dense, bool bf1
   const int64_t tiles = (int64_t{args.M} + rows_per_tile - 1) / rows_per_tile * ((args.N_pad + 127) / 128);
   if (args.stream_k_ctas > 0 &&
       (rows_per_tile < kWgmmaMinTailRows || args.split_k != 1 || args.tail_tiles != 0 ||
-       args.stream_k_ctas < tiles || args.stream_k_ctas > tiles * args.iters))
+       args.stream_k_ctas > tiles * args.iters))
     fail(ErrorKind::internal, "W4A16 wgmma: stream-K needs tiles of ", kWgmmaMinTailRows,
-         "+ rows, split_k 1, no tail tiles and between one CTA per tile and one per k-iteration (rows ",
+         "+ rows, split_k 1, no tail tiles and at most one CTA per k-iteration (rows ",
          rows_per_tile, ", split_k ", args.split_k, ", tail tiles ", args.tail_tiles, ", CTAs ",
          args.stream_k_ctas, ", tiles ", tiles, ", k-iterations per tile ", args.iters, ")");
   if (bf16) {

@@ -1074,8 +1074,11 @@ TEST(W4A16Gemm, WgmmaStreamKRangesAcrossTiles) {
       const int tiles = (p.M + rows - 1) / rows * 8;
       // One CTA per tile (no partials); one more (every range but one
       // crosses a tile boundary); about two and five per tile (first, middle
-      // and last pieces); one per k-iteration for the 256-row tile.
-      std::vector<int> ctas = {tiles, tiles + 1, 2 * tiles + 3, 5 * tiles + 1};
+      // and last pieces); one per k-iteration for the 256-row tile. Fewer
+      // CTAs than tiles: ranges a little longer than a tile (one whole tile
+      // between a first and a last piece in some), about two tiles, and all
+      // tiles on two or three CTAs (many whole tiles inside each range).
+      std::vector<int> ctas = {tiles, tiles + 1, 2 * tiles + 3, 5 * tiles + 1, tiles - 1, tiles / 2 + 1, 3, 2};
       if (rows == 256) ctas.push_back(tiles * iters);
       for (int g : ctas) {
         SCOPED_TRACE(testing::Message() << dtype_name(dtype) << " rows " << rows << " tiles " << tiles << " CTAs "

@@ -142,13 +142,15 @@ TEST(W4A16WaveRule, NoStreamKWhenXOutgrowsHalfOfL2) {
 TEST(W4A16WaveRule, ForcedStreamK) {
   EXPECT_EQ(choose_wgmma_stream_k(80, 132, 80, 1, 512, 256, 1, kX, kL2), 0);
   EXPECT_EQ(choose_wgmma_stream_k(80, 132, 80, 1, 512, 256, 100, kX, kL2), 100);
-  // Clamped to one CTA per tile at least (a range then never spans more
-  // than two tiles) and one per k-iteration at most.
-  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 80, 1, 512, 256, 2, kX, kL2), 80);
+  // Fewer CTAs than tiles (ranges of several tiles); at most one CTA per
+  // k-iteration.
+  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 80, 1, 512, 256, 2, kX, kL2), 2);
   EXPECT_EQ(choose_wgmma_stream_k(3, 132, 10, 1, 256, 256, 1000, kX, kL2), 30);
-  // Even where the rule says no; but not for a wave or more of tiles.
+  // Even where the rule says no, a wave or more of tiles included, which
+  // the rule never runs as stream-K.
   EXPECT_EQ(choose_wgmma_stream_k(64, 132, 64, 2, 512, 256, 132, kX, kL2), 132);
-  EXPECT_EQ(choose_wgmma_stream_k(132, 132, 80, 1, 256, 256, 132, kX, kL2), 0);
+  EXPECT_EQ(choose_wgmma_stream_k(160, 132, 80, 1, 1024, 256, 132, kX, kL2), 132);
+  EXPECT_EQ(choose_wgmma_stream_k(160, 132, 80, 1, 1024, 256, 0, kX, kL2), 0);
 }
 
 TEST(W4A16WaveRule, StreamKRejectsBadArguments) {

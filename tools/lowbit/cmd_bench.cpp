@@ -76,7 +76,8 @@ void add_bench_command(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   gemm->add_option("--wgmma-stream-k", options.wgmma_stream_k_ctas,
                    "Also time the wgmma strategy with stream-K over this many CTAs (1: none, the uniform K "
-                   "split; points with a wave of tiles or more are skipped; sm_90a only)")
+                   "split or the tail split; fewer CTAs than tiles: ranges of several tiles; points on tiles "
+                   "of fewer than 64 rows are skipped; sm_90a only)")
       ->delimiter(',')
       ->check(CLI::PositiveNumber);
   gemm->add_option("--wgmma-ctas-per-sm", options.wgmma_ctas_per_sm,

@@ -167,12 +167,12 @@ struct W4A16Options {
   // that split; 1: no tail split (the rule before it). Ignored when split_k
   // is given. For tests and benchmark comparisons.
   int tail_split = 0;
-  // wgmma only, tiles of 64 rows and more, grids of fewer tiles than one
-  // wave of resident CTAs: stream-K over this many CTAs
-  // (choose_wgmma_stream_k, w4a16_wave_rule.h; clamped to between one CTA
-  // per tile and one per k-iteration). 0: the rule's choice; 1: none (the
-  // uniform K split). Ignored when split_k is given. For tests and
-  // benchmark comparisons.
+  // wgmma only, tiles of 64 rows and more: stream-K over this many CTAs
+  // (choose_wgmma_stream_k, w4a16_wave_rule.h; at most one per k-iteration;
+  // fewer CTAs than tiles give ranges of several tiles). 0: the rule's
+  // choice, which takes it only for grids of fewer tiles than one wave of
+  // resident CTAs; 1: none (the uniform K split or the tail split).
+  // Ignored when split_k is given. For tests and benchmark comparisons.
   int stream_k_ctas = 0;
   // wgmma only, 64-row tiles: the kernel built for this many resident CTAs
   // per SM, 2 or 3 (choose_wgmma_dense, w4a16_wave_rule.h). 0: the rule's

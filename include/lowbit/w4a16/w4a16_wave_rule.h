@@ -89,10 +89,11 @@ WgmmaTailSplit choose_wgmma_tail(int64_t tiles, int64_t wave, int iters, int for
 // k-iterations, where stream-K cuts each CTA's range from 272 to 165) was
 // not measured so and keeps stream-K.
 //
-// uniform_split: wgmma_uniform_split below. Returns G (the CTAs), or 0 for none. forced >= 2: that many CTAs, clamped
-// to [T, T x iters] (at least one k-iteration per CTA and at most two pieces
-// per CTA), wherever T < W, whatever the size of x or the last row tile's
-// fill; forced == 1: never; forced == 0: the rule. Error(invalid_argument)
+// uniform_split: wgmma_uniform_split below. Returns G (the CTAs), or 0 for none. forced >= 2: that many CTAs, at
+// most T x iters (at least one k-iteration per CTA), whatever T against W, the
+// size of x or the last row tile's fill (fewer CTAs than tiles: ranges longer
+// than a tile, whole tiles between their first and last pieces); forced ==
+// 1: never; forced == 0: the rule, which takes stream-K only for T < W. Error(invalid_argument)
 // for tiles, wave, iters, uniform_split, rows or tile_rows < 1, more row
 // tiles than tiles, forced < 0, x_bytes < 0 or l2_bytes < 1.
 int64_t choose_wgmma_stream_k(int64_t tiles, int64_t wave, int iters, int64_t uniform_split, int64_t rows,
