@@ -610,7 +610,7 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
     if (w4a16_wgmma_available(w.device())) {
       plan.strategy = M <= kGemvAutoMaxRows ? W4A16Strategy::gemv : W4A16Strategy::wgmma;
       if (M > 512) {
-        const int rows = w4a16_detail::wgmma_rows_per_tile(M);
+        const int rows = 256;  // choose_wgmma_tile_rows above 512 rows
         const int64_t tiles = (M + rows - 1) / rows *
                               ((w.N_padded() + w4a16_detail::kWgmmaColsPerTile - 1) / w4a16_detail::kWgmmaColsPerTile);
         const int64_t wave = static_cast<int64_t>(w4a16_detail::wgmma_ctas_per_sm(rows, bf16)) * sm_count(w.device());
@@ -655,9 +655,13 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
     const int sms = sm_count(w.device());
     auto tiles = [&](int rows) { return (M + rows - 1) / rows * col_tiles; };
     // The smallest tile that holds M up to 256 rows (larger M: 256-row
-    // tiles). Measured on the H100 (docs/w4a16-gemm.md): halving 128/256-row
-    // tiles to fill the SMs instead of splitting K was slower at M = 128/256.
-    plan.rows_per_pass = r > 0 ? r : w4a16_detail::wgmma_rows_per_tile(M);
+    // tiles, but 128-row ones at 257-384 rows where 256-row tiles would fill
+    // the wave poorly: choose_wgmma_tile_rows).
+    // Measured on the H100 (docs/w4a16-gemm.md): halving 128/256-row tiles
+    // to fill the SMs instead of splitting K was slower at M = 128/256.
+    plan.rows_per_pass =
+        r > 0 ? r
+              : choose_wgmma_tile_rows(M, col_tiles, static_cast<int64_t>(w4a16_detail::wgmma_ctas_per_sm(256, bf16)) * sms);
     // Decode tiles (16, 32 rows): fewer tiles than one wave of resident CTAs
     // leaves SMs idle, so K is split until the wave is full, keeping at
     // least 4 k-iterations per CTA. They are a pure weight stream shared by

@@ -60,6 +60,16 @@ int64_t wgmma_uniform_split(int64_t tiles, int64_t wave, int iters) {
   return std::min<int64_t>(std::max<int64_t>(1, wave / tiles), std::max(1, iters / 4));
 }
 
+int choose_wgmma_tile_rows(int64_t M, int64_t col_tiles, int64_t wave_of_256) {
+  LOWBIT_CHECK_ARG(M >= 1, "M", M, "at least 1");
+  LOWBIT_CHECK_ARG(col_tiles >= 1, "col_tiles", col_tiles, "at least 1");
+  LOWBIT_CHECK_ARG(wave_of_256 >= 1, "wave_of_256", wave_of_256, "at least 1");
+  if (M <= 128) return M <= 16 ? 16 : (M <= 32 ? 32 : (M <= 64 ? 64 : 128));
+  if (M <= 256 || M > 384) return 256;
+  const bool wave_thin = 4 * (2 * col_tiles) < 3 * wave_of_256;
+  return wave_thin ? 128 : 256;
+}
+
 bool choose_wgmma_dense(int64_t tiles, int64_t wave_of_two, int iters) {
   LOWBIT_CHECK_ARG(tiles >= 1, "tiles", tiles, "at least 1");
   LOWBIT_CHECK_ARG(wave_of_two >= 1, "wave_of_two", wave_of_two, "at least 1");

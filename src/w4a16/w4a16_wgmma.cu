@@ -76,14 +76,29 @@ constexpr int kAhead = 3;
 static_assert(kAhead < kStages - 1,
               "a warpgroup must be able to run ahead of the other by one slot at least");
 
-// Rows of x one TMA load brings: the tile's rows, or M when the problem has
-// fewer (decode), so the copy engine moves only real rows. Rows of a stage
-// past M are then left stale rather than zero-filled, which only reaches
+// Rows of x one TMA load brings for the row tile that starts at m0: the
+// tile's rows, or the rows left before M (decode, and the last row tile of a
+// larger M), so the copy engine moves only real rows. Rows of a stage past M
+// are then left stale rather than zero-filled, which only reaches
 // accumulators of output rows that are never stored (a wgmma's column n of D
 // depends on column n of B alone). On the H100 this measured the same as
-// full boxes.
+// full boxes at decode. The last row tile has a tensor map of its own
+// (XTensorMaps) with that box: with the tile's full box, a last row tile of
+// one real row in 256 (257 rows) ran sq8192 and Qwen3-14B's qkv 35% / 30%
+// slower than one of 64 (320 rows) on an H200, on the same plan (v46).
 template <int kMTile>
-__host__ __device__ constexpr int x_box_rows(int M) { return M < kMTile ? M : kMTile; }
+__host__ __device__ constexpr int x_box_rows(int M, int m0 = 0) {
+  return M - m0 < kMTile ? M - m0 : kMTile;
+}
+// x's tensor maps: [0] for the full row tiles, [1] for the last row tile.
+// Only the 128- and 256-row tiles use [1] (kLastRowBox): they are the ones
+// `auto` runs with several row tiles, and the choice cost the three-CTA
+// 64-row stream-K build a spill at its 80 registers.
+struct XTensorMaps {
+  CUtensorMap map[2];
+};
+template <int kMTile>
+constexpr bool kLastRowBox = kMTile >= 128;
 
 template <int kMTile>
 struct Smem {
@@ -302,7 +317,7 @@ constexpr int kCtaThreads = kThreads + (!kHasProducer<kMTile, kDense> ? 0 : kMTi
 template <typename T, int kMTile, bool kFloatZero, bool kStreamK, bool kDense, bool kOneGroup,
           bool kScaleAfter = false>
 __global__ void __launch_bounds__(kCtaThreads<kMTile, kDense>, kMinCtasPerSm<kMTile, kDense>)
-    w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap x_map, const WgmmaArgs args) {
+    w4a16_wgmma_kernel(const __grid_constant__ XTensorMaps x_maps, const WgmmaArgs args) {
   static_assert(!kStreamK || kMTile >= kWgmmaMinTailRows, "stream-K runs tiles of 64 rows and more");
   static_assert(!kDense || kMTile == kWgmmaDenseRows, "only the 64-row tile has a three-CTA build");
   static_assert(!kScaleAfter || (kMTile <= kScaleAfterMaxRows && !kFloatZero && !kStreamK && kOneGroup),
@@ -409,7 +424,8 @@ __global__ void __launch_bounds__(kCtaThreads<kMTile, kDense>, kMinCtasPerSm<kMT
     const StageSource src = stage_source(i);
     const int s = i % kStages, it = src.k_it, k0 = it * 64;
     if (i >= kStages) mbar_wait(&empty[s], ((i / kStages) + 1) & 1);
-    mbar_arrive_expect_tx(&full[s], x_box_rows<kMTile>(args.M) * 128 + src.w_bytes + sz_parts * src.sz_bytes);
+    mbar_arrive_expect_tx(&full[s], x_box_rows<kMTile>(args.M, kLastRowBox<kMTile> ? src.m0 : 0) * 128 + src.w_bytes +
+                                        sz_parts * src.sz_bytes);
     bulk_load(stage_w(s), args.qweight + (static_cast<int64_t>(it) * n_blocks + src.col_tile * 2) * 128,
               src.w_bytes, &full[s]);
     // The groups of rows k0 and k0 + 32 (the same one but for groups of 32).
@@ -422,7 +438,8 @@ __global__ void __launch_bounds__(kCtaThreads<kMTile, kDense>, kMinCtasPerSm<kMT
   };
   auto produce_x = [&](int i) {
     const StageSource src = stage_source(i);
-    tma_load_2d(stage_x(i % kStages), &x_map, src.k_it * 64, src.m0, &full[i % kStages]);
+    const bool last = kLastRowBox<kMTile> && src.m0 + kMTile >= args.M;
+    tma_load_2d(stage_x(i % kStages), &x_maps.map[last ? 1 : 0], src.k_it * 64, src.m0, &full[i % kStages]);
   };
   auto produce = [&](int i) {
     produce_weights(i);
@@ -757,8 +774,14 @@ template <typename T, int kMTile, bool kFloatZero, bool kOneGroup, bool kStreamK
 void launch_typed(const WgmmaArgs& args, cudaStream_t stream) {
   auto kernel = w4a16_wgmma_kernel<T, kMTile, kFloatZero, kStreamK, kDense, kOneGroup, kScaleAfter>;
   cuda::ensure_dynamic_smem(kernel, Smem<kMTile>::kBytes);
-  const CUtensorMap map = encode_x_tensor_map(args, x_box_rows<kMTile>(args.M), std::is_same_v<T, __nv_bfloat16>);
+  const bool bf16 = std::is_same_v<T, __nv_bfloat16>;
   const unsigned row_tiles = static_cast<unsigned>((args.M + kMTile - 1) / kMTile);
+  const int last_m0 = static_cast<int>(row_tiles - 1) * kMTile;
+  XTensorMaps maps;
+  maps.map[0] = encode_x_tensor_map(args, x_box_rows<kMTile>(args.M), bf16);
+  maps.map[1] = !kLastRowBox<kMTile> || x_box_rows<kMTile>(args.M, last_m0) == x_box_rows<kMTile>(args.M)
+                    ? maps.map[0]
+                    : encode_x_tensor_map(args, x_box_rows<kMTile>(args.M, last_m0), bf16);
   const unsigned col_tiles = static_cast<unsigned>((args.N_pad + 127) / 128);
   const dim3 grid = args.stream_k_ctas > 0 ? dim3(static_cast<unsigned>(args.stream_k_ctas))
                     : args.tail_tiles == 0
@@ -767,7 +790,7 @@ void launch_typed(const WgmmaArgs& args, cudaStream_t stream) {
                                static_cast<unsigned>(args.tail_tiles * args.tail_split));
   cuda::launch_with_pdl_in_clusters(kernel, 0, cuda::L2StreamSpan{args.qweight, args.weight_stream_bytes}, grid,
                                     dim3(kCtaThreads<kMTile, kDense>), static_cast<size_t>(Smem<kMTile>::kBytes),
-                                    stream, map, args);
+                                    stream, maps, args);
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
 
@@ -847,10 +870,6 @@ bool wgmma_scale_after_applies(int rows_per_tile, bool float_zero, int group_shi
 }
 
 bool wgmma_one_scale_group(int group_shift) { return group_shift < 0 || group_shift >= 6; }
-
-int wgmma_rows_per_tile(int64_t M) {
-  return M <= 16 ? 16 : (M <= 32 ? 32 : (M <= 64 ? 64 : (M <= 128 ? 128 : 256)));
-}
 
 bool wgmma_supported(int device) {
   // Atomic slots: host threads may probe at once (and store the same answer).

@@ -12,8 +12,6 @@ namespace lowbit::w4a16_detail {
 
 using WgmmaArgs = TiledGemmArgs;
 
-// Rows of M per CTA tile (the wgmma N dimension): 16, 32, 64, 128 or 256.
-int wgmma_rows_per_tile(int64_t M);
 // Output columns per CTA tile (two warpgroups of 64).
 inline constexpr int kWgmmaColsPerTile = 128;
 // Whether this build holds sm_90a code that runs on `device` (a probe kernel

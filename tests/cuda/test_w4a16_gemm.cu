@@ -900,6 +900,21 @@ TEST(W4A16Gemm, WgmmaRunsOnComputeCapability9) {
   EXPECT_EQ(w4a16_plan(1024, w).strategy, W4A16Strategy::decoupled);
   const W4A16Weights big = W4A16Weights::random(1024, 33792, 128, DType::f16, 5);  // 264 column tiles
   EXPECT_EQ(w4a16_plan(1024, big).strategy, W4A16Strategy::wgmma);
+  // 257-384 rows: 128-row tiles where two rows of 256-row tiles would fill
+  // the wave poorly (choose_wgmma_tile_rows); the tile is what the plan
+  // runs, and the output is right.
+  const int sms = cuda_device_info(0).sm_count;
+  const auto o_layer = test::random_layer(256, 5120, 128, ZeroKind::asym, 6);  // 40 column tiles; short K for the reference
+  const W4A16Weights o_proj = W4A16Weights::prepare(o_layer, DType::f16);
+  if (4 * 80 < 3 * sms) {
+    EXPECT_EQ(w4a16_plan(384, o_proj).rows_per_pass, 128);
+    EXPECT_EQ(w4a16_plan(257, o_proj).rows_per_pass, 128);
+  }
+  EXPECT_EQ(w4a16_plan(448, o_proj).rows_per_pass, 256);
+  EXPECT_EQ(w4a16_plan(256, o_proj).rows_per_pass, 256);
+  W4A16Workspace ws;
+  const Problem p = make_problem(384, o_layer, DType::f16, 7);
+  EXPECT_TRUE(matches_reference(p, run_gpu(p, o_proj, ws, {W4A16Strategy::automatic, 0})));
 }
 
 // Every kernel that opts in to more than 48 KB of shared memory does so on

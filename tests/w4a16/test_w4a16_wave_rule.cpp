@@ -153,6 +153,43 @@ TEST(W4A16WaveRule, ForcedStreamK) {
   EXPECT_EQ(choose_wgmma_stream_k(160, 132, 80, 1, 1024, 256, 0, kX, kL2), 0);
 }
 
+TEST(W4A16WaveRule, TileRowsHoldMAndTake128RowsForThinGridsUpTo384) {
+  // The smallest tile that holds M, then 256 rows.
+  EXPECT_EQ(choose_wgmma_tile_rows(5, 40, 132), 16);
+  EXPECT_EQ(choose_wgmma_tile_rows(17, 40, 132), 32);
+  EXPECT_EQ(choose_wgmma_tile_rows(64, 40, 132), 64);
+  EXPECT_EQ(choose_wgmma_tile_rows(65, 40, 132), 128);
+  EXPECT_EQ(choose_wgmma_tile_rows(256, 40, 132), 256);
+  EXPECT_EQ(choose_wgmma_tile_rows(1024, 40, 132), 256);
+  // Qwen3-14B's o / down projections (40 column tiles, 80 tiles of 256 rows
+  // on 132 SMs) at 257-384 rows: 128-row tiles; from 385 rows (four row
+  // tiles of 128) 256.
+  EXPECT_EQ(choose_wgmma_tile_rows(257, 40, 132), 128);
+  EXPECT_EQ(choose_wgmma_tile_rows(384, 40, 132), 128);
+  EXPECT_EQ(choose_wgmma_tile_rows(385, 40, 132), 256);
+  EXPECT_EQ(choose_wgmma_tile_rows(447, 40, 132), 256);
+  EXPECT_EQ(choose_wgmma_tile_rows(448, 40, 132), 256);
+  EXPECT_EQ(choose_wgmma_tile_rows(511, 40, 132), 256);
+  EXPECT_EQ(choose_wgmma_tile_rows(512, 40, 132), 256);
+  // Grids of 256-row tiles that fill three quarters of the wave keep them:
+  // qwen3-qkv (56 column tiles: 112 of 132), sq8192 (64); 49 column tiles is
+  // the last that does not (98 < 99).
+  EXPECT_EQ(choose_wgmma_tile_rows(384, 56, 132), 256);
+  EXPECT_EQ(choose_wgmma_tile_rows(384, 64, 132), 256);
+  EXPECT_EQ(choose_wgmma_tile_rows(384, 49, 132), 128);
+  EXPECT_EQ(choose_wgmma_tile_rows(384, 50, 132), 256);
+  // Wide layers fill the wave whatever M.
+  EXPECT_EQ(choose_wgmma_tile_rows(300, 136, 132), 256);
+}
+
+TEST(W4A16WaveRule, TileRowsRejectBadArguments) {
+  EXPECT_TRUE(test::throws_error([] { choose_wgmma_tile_rows(0, 40, 132); }, ErrorKind::invalid_argument, "M"));
+  EXPECT_TRUE(
+      test::throws_error([] { choose_wgmma_tile_rows(300, 0, 132); }, ErrorKind::invalid_argument, "col_tiles"));
+  EXPECT_TRUE(
+      test::throws_error([] { choose_wgmma_tile_rows(300, 40, 0); }, ErrorKind::invalid_argument, "wave_of_256"));
+}
+
 TEST(W4A16WaveRule, StreamKRejectsBadArguments) {
   auto call = [](int64_t tiles, int64_t wave, int iters, int64_t uniform, int64_t rows, int tile_rows, int64_t forced,
                  int64_t x, int64_t l2) {

@@ -109,6 +109,31 @@ inline constexpr int kStreamKShortIters = 128;
 // Error(invalid_argument) for tiles, wave or iters < 1.
 int64_t wgmma_uniform_split(int64_t tiles, int64_t wave, int iters);
 
+// The wgmma plan's rows per tile for M rows: the smallest of 16 / 32 / 64 /
+// 128 / 256 that holds M, and 256 above, except at 257-384 rows where
+// 256-row tiles would leave the wave poorly filled: there the 128-row tile.
+// col_tiles: column tiles of 128 outputs; wave_of_256: resident CTAs of the
+// 256-row tile (one per SM).
+//
+// Why: 257-511 rows on 256-row tiles run two row tiles, the second with
+// M - 256 real rows, at the cost of two full ones. Where that grid
+// (2 x col_tiles tiles) also fills less than three quarters of the wave, no
+// split of it helps much: short K keeps off stream-K there (a last row tile
+// under three quarters full, choose_wgmma_stream_k), and a uniform split of
+// 2 would take a second round. Up to 384 rows three 128-row tiles hold M, at
+// 3/4 of the rows computed and two CTAs per SM. Measured on an H200
+// (docs/w4a16-gemm.md, v46), us, 256-row / 128-row tiles at 257 / 320 / 384
+// rows: Qwen3-14B's o projection (40 column tiles) 58.0 / 57.8 / 58.0
+// against 48.6 / 43.1 / 46.3, its down projection 153.6 / 154.0 / 134.9
+// against 111.2 / 112.4 / 114.8, sq4096 (32) 40.0 / 37.6 / 37.7 against
+// 37.2 / 35.9 / 38.1. At 447 rows four 128-row tiles lost (o 57.8 against
+// 63.2, down 137.1 against 197.2). Where the 256-row grid fills the wave,
+// 128-row tiles lost at 320-384 rows: qwen3-qkv (56 column tiles, 112 of
+// 132) 57.8 / 58.2 against 63.4 / 68.0, sq8192 (64) 86.2 / 87.3 against
+// 97.9 / 115.8, Llama-70B's down projection (64) 346.6 / 282.1 against
+// 371.1 / 379.0. Error(invalid_argument) for M, col_tiles or wave_of_256 < 1.
+int choose_wgmma_tile_rows(int64_t M, int64_t col_tiles, int64_t wave_of_256);
+
 // Whether the 64-row wgmma tile runs its three-CTA build (80 registers, 6
 // warpgroups per SM) rather than its two-CTA one: when K is longer than
 // kStreamKShortIters k-iterations or the grid fills a three-CTA wave
