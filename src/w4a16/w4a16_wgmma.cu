@@ -85,7 +85,8 @@ static_assert(kAhead < kStages - 1,
 // full boxes at decode. The last row tile has a tensor map of its own
 // (XTensorMaps) with that box: with the tile's full box, a last row tile of
 // one real row in 256 (257 rows) ran sq8192 and Qwen3-14B's qkv 35% / 30%
-// slower than one of 64 (320 rows) on an H200, on the same plan (v46).
+// slower than one of 64 (320 rows) on an H200, on the same plan; with the
+// box of its real rows as fast (docs/w4a16-gemm.md, v46).
 template <int kMTile>
 __host__ __device__ constexpr int x_box_rows(int M, int m0 = 0) {
   return M - m0 < kMTile ? M - m0 : kMTile;

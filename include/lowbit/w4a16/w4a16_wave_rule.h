@@ -84,7 +84,9 @@ WgmmaTailSplit choose_wgmma_tail(int64_t tiles, int64_t wave, int iters, int for
 // 49.2 / 49.7 us at 448 / 480 / 512 rows; sq4096's S = 2 lost at 257 / 288
 // rows (49.1, 47.3 against 39.6, 39.0) and gained from 448 (35.4 against
 // 37.9). The emptier the last row tile, the slower stream-K, although its
-// CTAs do the same work; why was not found. One row tile (M up to
+// CTAs do the same work. (v46 found the same slowdown in the uniform split,
+// from the copy engine's box of x mostly past M, and gave the last row tile
+// a box of its real rows; stream-K was not re-measured with it.) One row tile (M up to
 // tile_rows) was not affected. Long K (Qwen3-14B's down projection, 272
 // k-iterations, where stream-K cuts each CTA's range from 272 to 165) was
 // not measured so and keeps stream-K.
