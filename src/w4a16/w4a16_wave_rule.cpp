@@ -43,7 +43,8 @@ int64_t choose_wgmma_stream_k(int64_t tiles, int64_t wave, int iters, int64_t un
   if (forced >= 2) return std::min(forced, total);
   if (forced == 1 || tiles >= wave) return 0;
   const int64_t last_rows = rows - (row_tiles - 1) * tile_rows;
-  if (iters <= kStreamKShortIters && row_tiles > 1 && 4 * last_rows < 3 * int64_t{tile_rows}) return 0;
+  if (iters <= kStreamKShortIters && tile_rows < 256 && row_tiles > 1 && 4 * last_rows < 3 * int64_t{tile_rows})
+    return 0;
   if (x_bytes > l2_bytes / 2) return 0;
   const double stream_k = static_cast<double>((total + wave - 1) / wave) + 2.0 * kTailFixupIters;
   const double uniform = static_cast<double>((iters + uniform_split - 1) / uniform_split);

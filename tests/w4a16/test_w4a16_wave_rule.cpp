@@ -112,21 +112,28 @@ TEST(W4A16WaveRule, ShortKRunsTheUniformSplitAsStreamK) {
   EXPECT_EQ(choose_wgmma_stream_k(3, 132, 10, 1, 256, 256, 0, kX, kL2), 30);
 }
 
-TEST(W4A16WaveRule, ShortKNoStreamKWhenTheLastOfSeveralRowTilesIsLessThanThreeQuartersFull) {
-  // qwen3-o's 80 tiles (two row tiles of 256): stream-K over the wave from
-  // 448 rows on (the last row tile 192 of 256 rows), not at 257-447.
+TEST(W4A16WaveRule, ShortKNoStreamKWhenTheLastOfSeveralSmallRowTilesIsLessThanThreeQuartersFull) {
+  // 256-row tiles (since v46, with the last row tile's box of real rows):
+  // qwen3-o's 80 tiles take stream-K over the wave however full the second
+  // row tile, sq4096's S = 2 runs as stream-K.
   EXPECT_EQ(choose_wgmma_stream_k(80, 132, 80, 1, 448, 256, 0, kX, kL2), 132);
-  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 80, 1, 447, 256, 0, kX, kL2), 0);
-  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 80, 1, 320, 256, 0, kX, kL2), 0);
-  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 80, 1, 257, 256, 0, kX, kL2), 0);
-  // The short-K split likewise (sq4096, 64 tiles split 2).
-  EXPECT_EQ(choose_wgmma_stream_k(64, 132, 64, 2, 384, 256, 0, kX, kL2), 0);
+  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 80, 1, 447, 256, 0, kX, kL2), 132);
+  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 80, 1, 400, 256, 0, kX, kL2), 132);
+  EXPECT_EQ(choose_wgmma_stream_k(64, 132, 64, 2, 400, 256, 0, kX, kL2), 128);
   EXPECT_EQ(choose_wgmma_stream_k(64, 132, 64, 2, 480, 256, 0, kX, kL2), 128);
+  // The cost test still keeps qwen3-qkv's 112 tiles off it.
+  EXPECT_EQ(choose_wgmma_stream_k(112, 132, 80, 1, 400, 256, 0, kX, kL2), 0);
+  // 128-row tiles: not with a last row tile under three quarters full
+  // (qwen3-o at 288 / 320 rows: three row tiles of 128, 120 tiles on a
+  // two-CTA wave of 264), from there on yes.
+  EXPECT_EQ(choose_wgmma_stream_k(120, 264, 80, 2, 288, 128, 0, kX, kL2), 0);
+  EXPECT_EQ(choose_wgmma_stream_k(120, 264, 80, 2, 320, 128, 0, kX, kL2), 0);
+  EXPECT_GT(choose_wgmma_stream_k(120, 264, 80, 2, 384, 128, 0, kX, kL2), 0);
   // One row tile, however full: stream-K (qwen3-o at 129 rows, S = 3).
   EXPECT_EQ(choose_wgmma_stream_k(40, 132, 80, 3, 129, 256, 0, kX, kL2), 120);
   // Forced stream-K ignores the fill; long K (qwen3-down, 272 k-iterations)
-  // keeps stream-K whatever the fill (not measured).
-  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 80, 1, 320, 256, 132, kX, kL2), 132);
+  // keeps stream-K whatever the fill.
+  EXPECT_EQ(choose_wgmma_stream_k(120, 264, 80, 2, 288, 128, 264, kX, kL2), 264);
   EXPECT_EQ(choose_wgmma_stream_k(80, 132, 272, 1, 320, 256, 0, 320 * 17408 * 2, kL2), 132);
 }
 

@@ -78,16 +78,22 @@ WgmmaTailSplit choose_wgmma_tail(int64_t tiles, int64_t wave, int iters, int for
 //
 // On short K both kinds of stream-K need the grid's last row tile (rows,
 // M, in tiles of tile_rows) at least three quarters full when there are
-// two or more: on an H200 (v45) qwen3-o's 80 tiles of 80 k-iterations ran
+// two or more, for tiles of fewer than 256 rows (since v46): on an H200 (v45) qwen3-o's 80 tiles of 80 k-iterations ran
 // stream-K over the wave in 74.7 / 72.0 / 62-70 / 62.4 us at 257 / 288 /
 // 320 / 384 rows against 57.5-58.0 for the uniform split, and in 52.3 /
 // 49.2 / 49.7 us at 448 / 480 / 512 rows; sq4096's S = 2 lost at 257 / 288
 // rows (49.1, 47.3 against 39.6, 39.0) and gained from 448 (35.4 against
 // 37.9). The emptier the last row tile, the slower stream-K, although its
-// CTAs do the same work. (v46 found the same slowdown in the uniform split,
+// CTAs do the same work. v46 found the same slowdown in the uniform split,
 // from the copy engine's box of x mostly past M, and gave the last row tile
-// a box of its real rows; stream-K was not re-measured with it.) One row tile (M up to
-// tile_rows) was not affected. Long K (Qwen3-14B's down projection, 272
+// a box of its real rows. With it, 256-row tiles at 400 / 447 rows gained
+// from stream-K (qwen3-o over the wave 49.8 / 50.8 against 57.7 / 58.0 us;
+// sq4096's S = 2 35.1 / 35.1 against 38.2 / 38.9), so the fill no longer
+// applies to them; the cost test still keeps qwen3-qkv's 112 tiles off it
+// (it lost there: 63.9 / 64.4 against 58.4 / 58.8). 128-row tiles at 288 /
+// 320 rows still lost it (qwen3-o 69.8 / 70.0 against 42.6 / 43.8 us) and
+// keep the condition; at 257-384 rows the thin grids run on those
+// (choose_wgmma_tile_rows). One row tile (M up to tile_rows) was not affected. Long K (Qwen3-14B's down projection, 272
 // k-iterations, where stream-K cuts each CTA's range from 272 to 165) was
 // not measured so and keeps stream-K.
 //
