@@ -176,6 +176,12 @@ void run_w4a16_gemm_benchmark(const W4A16BenchOptions& options) {
         if (w4a16_plan(M, w, o).wgmma_group_rows == 0) continue;
         configs.emplace_back("lowbit_wgmma_g" + std::to_string(group), o);
       }
+      for (int v : options.row_remainders) {
+        if (M <= 256 || M % 256 == 0) continue;
+        W4A16Options o{W4A16Strategy::automatic, 0};
+        o.row_remainder = v;
+        configs.emplace_back("lowbit_auto_rr" + std::to_string(v), o);
+      }
       if (options.read_floor && M <= kReadFloorMaxRows) {
         // What reading the W4 weights and scales alone takes under the same
         // timer and flush: a grid-stride kernel of 16-byte loads, no math,
@@ -217,6 +223,7 @@ void run_w4a16_gemm_benchmark(const W4A16BenchOptions& options) {
                      {"rows_per_pass", plan.rows_per_pass}, {"tail_tiles", plan.tail_tiles},
                      {"tail_split", plan.tail_split}, {"stream_k_ctas", plan.stream_k_ctas},
                      {"wgmma_dense", plan.wgmma_dense}, {"wgmma_group_rows", plan.wgmma_group_rows},
+                     {"remainder_rows", plan.remainder_rows},
                      {"wgmma_scale_after",
                       plan.strategy == W4A16Strategy::wgmma &&
                           w4a16_detail::wgmma_scale_after_applies(plan.rows_per_pass, w.float_zero(),
@@ -231,12 +238,15 @@ void run_w4a16_gemm_benchmark(const W4A16BenchOptions& options) {
             plan.wgmma_group_rows > 0 && plan.wgmma_group_rows < (M + plan.rows_per_pass - 1) / plan.rows_per_pass
                 ? ", groups of " + std::to_string(plan.wgmma_group_rows) + " row tiles"
                 : "";
+        const std::string remainder =
+            plan.remainder_rows > 0 ? ", then " + std::to_string(plan.remainder_rows) + " rows apart" : "";
         std::printf("%-15s M=%-5lld %-30s %9.1f us  %6.0f GB/s  %5.2fx cuBLAS  (%s, split %d, rows %d, tail %lld x %d, "
-                    "stream-K %lld%s%s)\n",
+                    "stream-K %lld%s%s%s)\n",
                     shape.label, static_cast<long long>(M), row.impl.c_str(), row.stats.median_us, row.GBps(), speedup,
                     w4a16_strategy_name(plan.strategy), plan.split_k, plan.rows_per_pass,
                     static_cast<long long>(plan.tail_tiles), plan.tail_split,
-                    static_cast<long long>(plan.stream_k_ctas), plan.wgmma_dense ? ", 3 CTAs/SM" : "", group.c_str());
+                    static_cast<long long>(plan.stream_k_ctas), plan.wgmma_dense ? ", 3 CTAs/SM" : "", group.c_str(),
+                    remainder.c_str());
         if (M == 1 && options.strategy == W4A16Strategy::automatic) {
           char line[200];
           std::snprintf(line, sizeof line, "  %-15s %8.1f us  %6.0f GB/s = %4.1f%% of copy", shape.label,

@@ -629,6 +629,24 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
                                                     M * w.K_padded() * 2, l2_bytes(w.device())) > 0;
         if (filled < 0.75 && !tail && !stream_k) plan.strategy = W4A16Strategy::decoupled;
       }
+      // M = 256 q + r: the r rows past the last whole 256-row tile as a GEMM
+      // of their own where a row of tiles costs well more than reading the
+      // weights again (choose_row_remainder). Either part's plan taking the
+      // decoupled GEMM keeps the call whole: cuBLAS pads nothing.
+      if (plan.strategy == W4A16Strategy::wgmma && M > 256) {
+        const int64_t r = choose_row_remainder(
+            M, (w.N_padded() + w4a16_detail::kWgmmaColsPerTile - 1) / w4a16_detail::kWgmmaColsPerTile, iters,
+            sm_count(w.device()), static_cast<int64_t>(w.weight_bytes()), options.row_remainder);
+        if (r > 0) {
+          W4A16Options whole = options;
+          whole.row_remainder = 1;
+          W4A16Plan first = w4a16_plan(M - r, w, whole);
+          if (first.strategy == W4A16Strategy::wgmma && w4a16_plan(r, w, whole).strategy != W4A16Strategy::decoupled) {
+            first.remainder_rows = r;
+            return first;
+          }
+        }
+      }
     } else {
       plan.strategy = M <= 64 ? W4A16Strategy::split_k_deterministic : W4A16Strategy::decoupled;
     }
@@ -819,6 +837,23 @@ void w4a16_gemm(const TensorView& x, const W4A16Weights& w, const TensorView& y,
   if (M > (int64_t{1} << 30)) fail_argument("M", M, "at most 2^30 rows");
   cuda::DeviceGuard guard(w.device());
   const W4A16Plan plan = w4a16_plan(M, w, options);
+  if (plan.remainder_rows > 0) {
+    // Two GEMMs on the same stream, the first M - r rows and the last r
+    // (W4A16Plan::remainder_rows); each plans its own rows again.
+    const int64_t first_rows = M - plan.remainder_rows;
+    W4A16Options whole = options;
+    whole.row_remainder = 1;
+    auto rows = [&](const TensorView& t, int64_t begin, int64_t count) {
+      TensorView v = t;
+      v.shape[0] = count;
+      v.data = static_cast<char*>(t.data) + begin * t.strides[0] * static_cast<int64_t>(dtype_bytes(t.dtype, 1));
+      return v;
+    };
+    w4a16_gemm(rows(x, 0, first_rows), w, rows(y, 0, first_rows), workspace, whole, stream);
+    w4a16_gemm(rows(x, first_rows, plan.remainder_rows), w, rows(y, first_rows, plan.remainder_rows), workspace,
+               whole, stream);
+    return;
+  }
   const bool bf16 = w.act_dtype() == DType::bf16;
   const size_t elem = 2;
 

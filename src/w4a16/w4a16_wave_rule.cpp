@@ -89,4 +89,23 @@ int64_t choose_wgmma_group_rows(int64_t row_tiles, int64_t x_tile_bytes, int64_t
   return std::clamp<int64_t>(budget / x_tile_bytes, 1, row_tiles);
 }
 
+int64_t choose_row_remainder(int64_t M, int64_t col_tiles, int iters, int64_t sms, int64_t weight_bytes,
+                             int forced) {
+  LOWBIT_CHECK_ARG(M >= 1, "M", M, "at least 1");
+  LOWBIT_CHECK_ARG(col_tiles >= 1, "col_tiles", col_tiles, "at least 1");
+  LOWBIT_CHECK_ARG(iters >= 1, "iters", iters, "at least 1");
+  LOWBIT_CHECK_ARG(sms >= 1, "sms", sms, "at least 1");
+  LOWBIT_CHECK_ARG(weight_bytes >= 0, "weight_bytes", weight_bytes, ">= 0");
+  LOWBIT_CHECK_ARG(forced >= 0 && forced <= 2, "forced", forced, "0 (the rule), 1 (never) or 2 (always)");
+  const int64_t r = M % 256;
+  if (M <= 256 || r == 0 || forced == 1) return 0;
+  if (forced == 2) return r;
+  if (r > kMaxRemainderRows) return 0;
+  const double row_of_tiles_us =
+      static_cast<double>(col_tiles) * static_cast<double>(iters) * kTileIterUs / static_cast<double>(sms);
+  const double remainder_us = (kRemainderFixedUs + static_cast<double>(weight_bytes) / kRemainderBytesPerUs) *
+                              (1.0 + static_cast<double>(r) / 96.0);
+  return row_of_tiles_us >= kRemainderGain * remainder_us ? r : 0;
+}
+
 }  // namespace lowbit

@@ -917,6 +917,55 @@ TEST(W4A16Gemm, WgmmaRunsOnComputeCapability9) {
   EXPECT_TRUE(matches_reference(p, run_gpu(p, o_proj, ws, {W4A16Strategy::automatic, 0})));
 }
 
+// auto over 256 rows: the rows past the last whole 256-row tile as a GEMM of
+// their own (choose_row_remainder). Forced, on layers small enough for the
+// CPU reference (f16 and bf16, odd N, act-order, row counts whose remainder
+// takes the gemv kernel, a 16-, a 128- and a 256-row wgmma tile; up to 512
+// rows, where the plan is wgmma's whatever the fill), every row is
+// the reference's; by the rule, a layer whose row of 256-row tiles costs
+// far more than re-reading its weights splits at 257 rows and a small one
+// does not.
+TEST(W4A16Gemm, AutoRunsTheRowsPastTheLast256RowTileAsASecondGemm) {
+  LOWBIT_REQUIRE_GPU();
+  if (!w4a16_wgmma_available()) GTEST_SKIP() << "the remainder split is part of the wgmma plan (sm_90a)";
+  struct Case { int64_t M, K, N; DType dtype; bool act_order; };
+  uint64_t seed = 800;
+  for (const Case& c : {Case{257, 512, 1000, DType::f16, false}, Case{260, 512, 1000, DType::bf16, false},
+                        Case{270, 256, 392, DType::f16, true}, Case{400, 256, 392, DType::f16, false},
+                        Case{384, 256, 392, DType::bf16, false}}) {
+    const auto layer = test::random_layer(c.K, c.N, 128, ZeroKind::asym, seed++, c.act_order);
+    const W4A16Weights w = W4A16Weights::prepare(layer, c.dtype);
+    W4A16Options forced{W4A16Strategy::automatic, 0};
+    forced.row_remainder = 2;
+    const W4A16Plan plan = w4a16_plan(c.M, w, forced);
+    const std::string where = "M = " + std::to_string(c.M) + ", N = " + std::to_string(c.N);
+    ASSERT_EQ(plan.remainder_rows, c.M % 256) << where;
+    EXPECT_EQ(plan.strategy, W4A16Strategy::wgmma) << where;
+    EXPECT_EQ(w4a16_plan(c.M, w, {W4A16Strategy::automatic, 0}).remainder_rows, 0) << where << ": a small layer";
+    W4A16Workspace ws;
+    const Problem p = make_problem(c.M, layer, c.dtype, seed++);
+    EXPECT_TRUE(matches_reference(p, run_gpu(p, w, ws, forced))) << where;
+    EXPECT_TRUE(matches_reference(p, run_gpu(p, w, ws, {W4A16Strategy::automatic, 0}))) << where;
+  }
+  // By the rule, with the device's SM count: Qwen3-14B's gate/up projection
+  // (272 column tiles of 80 k-iterations) splits 1 and 64 rows off, not 129
+  // (the remainder's estimate grows with its rows) and nothing at 256 or
+  // 512; an explicit strategy never splits.
+  const W4A16Weights gateup = W4A16Weights::random(5120, 34816, 128, DType::f16, 9);
+  if (cuda_device_info(0).sm_count <= 144) {
+    EXPECT_EQ(w4a16_plan(257, gateup).remainder_rows, 1);
+    EXPECT_EQ(w4a16_plan(320, gateup).remainder_rows, 64);
+    EXPECT_EQ(w4a16_plan(1025, gateup).remainder_rows, 1);
+  }
+  EXPECT_EQ(w4a16_plan(385, gateup).remainder_rows, 0);
+  EXPECT_EQ(w4a16_plan(256, gateup).remainder_rows, 0);
+  EXPECT_EQ(w4a16_plan(512, gateup).remainder_rows, 0);
+  EXPECT_EQ(w4a16_plan(257, gateup, {W4A16Strategy::wgmma, 0}).remainder_rows, 0);
+  W4A16Options never{W4A16Strategy::automatic, 0};
+  never.row_remainder = 1;
+  EXPECT_EQ(w4a16_plan(257, gateup, never).remainder_rows, 0);
+}
+
 // Every kernel that opts in to more than 48 KB of shared memory does so on
 // each device it runs on (lowbit/cuda/kernel_smem.h): device 0 first, then
 // every other device with the same kernels, which a per-kernel "configured

@@ -91,6 +91,12 @@ void add_bench_command(CLI::App& app) {
                    "whole grid, the order without groups; points that run stream-K are skipped; sm_90a only)")
       ->delimiter(',')
       ->check(CLI::PositiveNumber);
+  gemm->add_option("--row-remainder", options.row_remainders,
+                   "Also time auto with the rows past the last whole 256-row tile run as a second GEMM: 1 never, "
+                   "2 always (points of M <= 256 or a multiple of 256 are skipped; auto's own rule decides in "
+                   "the plain auto row; sm_90a only)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({1, 2}));
   gemm->add_flag("--read-floor", options.read_floor,
                  "Also time, at M <= 64, a kernel that only reads as many bytes as the W4 weights and scales "
                  "(row read_floor): the most any W4A16 kernel could gain over cuBLAS under the same timing");

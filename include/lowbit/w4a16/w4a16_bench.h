@@ -53,6 +53,10 @@ struct W4A16BenchOptions {
   // out in groups of G row tiles (W4A16Options::wgmma_group_rows; G >= the
   // row tiles: the plain row-major order); not at points that run stream-K.
   std::vector<int> wgmma_group_rows;
+  // Extra rows "lowbit_auto_rr<V>": auto with W4A16Options::row_remainder = V
+  // (1: one GEMM; 2: the rows past the last whole 256-row tile always as a
+  // second one); only at M > 256 with such rows.
+  std::vector<int> row_remainders;
   // Extra rows "read_floor" at M <= 64: a kernel that only reads as many
   // bytes as the W4 weights and scales, timed the same way: the ceiling of
   // any W4A16 kernel's speedup under this timer and flush.

@@ -184,6 +184,11 @@ struct W4A16Options {
   // count: the plain row-major order). 0: the rule's choice. For tests and
   // benchmark comparisons.
   int wgmma_group_rows = 0;
+  // auto only, M > 256 on the wgmma path: the rows past the last whole
+  // 256-row tile as a second GEMM of their own (choose_row_remainder,
+  // w4a16_wave_rule.h). 0: the rule's choice; 1: never (one call); 2:
+  // whenever M % 256 != 0. For tests and benchmark comparisons.
+  int row_remainder = 0;
   // x is [M, 2K]: a gate half then an up half, and the GEMM multiplies
   // silu(gate) * up, each rounded to the activation dtype (the values
   // ops::silu_mul stores), by the weights: a decode step's SiLU fused into
@@ -264,6 +269,10 @@ struct W4A16Plan {
   // wgmma without stream-K: row tiles per group of the tile order
   // (choose_wgmma_group_rows); 0 otherwise.
   int64_t wgmma_group_rows = 0;
+  // auto: the last remainder_rows rows run as a second GEMM with a plan of
+  // their own (w4a16_plan(remainder_rows)); every field above is then the
+  // plan of the first M - remainder_rows rows. 0: one GEMM.
+  int64_t remainder_rows = 0;
 };
 W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& options = {});
 
