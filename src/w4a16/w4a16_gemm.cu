@@ -634,9 +634,13 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
       // weights again (choose_row_remainder). Either part's plan taking the
       // decoupled GEMM keeps the call whole: cuBLAS pads nothing.
       if (plan.strategy == W4A16Strategy::wgmma && M > 256) {
-        const int64_t r = choose_row_remainder(
-            M, (w.N_padded() + w4a16_detail::kWgmmaColsPerTile - 1) / w4a16_detail::kWgmmaColsPerTile, iters,
-            sm_count(w.device()), static_cast<int64_t>(w.weight_bytes()), options.row_remainder);
+        const int64_t col_tiles =
+            (w.N_padded() + w4a16_detail::kWgmmaColsPerTile - 1) / w4a16_detail::kWgmmaColsPerTile;
+        const int sms = sm_count(w.device());
+        const int tile_rows = choose_wgmma_tile_rows(
+            M, col_tiles, static_cast<int64_t>(w4a16_detail::wgmma_ctas_per_sm(256, bf16)) * sms);
+        const int64_t r = choose_row_remainder(M, tile_rows, col_tiles, iters, sms,
+                                               static_cast<int64_t>(w.weight_bytes()), options.row_remainder);
         if (r > 0) {
           W4A16Options whole = options;
           whole.row_remainder = 1;

@@ -89,9 +89,10 @@ int64_t choose_wgmma_group_rows(int64_t row_tiles, int64_t x_tile_bytes, int64_t
   return std::clamp<int64_t>(budget / x_tile_bytes, 1, row_tiles);
 }
 
-int64_t choose_row_remainder(int64_t M, int64_t col_tiles, int iters, int64_t sms, int64_t weight_bytes,
-                             int forced) {
+int64_t choose_row_remainder(int64_t M, int tile_rows, int64_t col_tiles, int iters, int64_t sms,
+                             int64_t weight_bytes, int forced) {
   LOWBIT_CHECK_ARG(M >= 1, "M", M, "at least 1");
+  LOWBIT_CHECK_ARG(tile_rows >= 1, "tile_rows", tile_rows, "at least 1");
   LOWBIT_CHECK_ARG(col_tiles >= 1, "col_tiles", col_tiles, "at least 1");
   LOWBIT_CHECK_ARG(iters >= 1, "iters", iters, "at least 1");
   LOWBIT_CHECK_ARG(sms >= 1, "sms", sms, "at least 1");
@@ -101,8 +102,9 @@ int64_t choose_row_remainder(int64_t M, int64_t col_tiles, int iters, int64_t sm
   if (M <= 256 || r == 0 || forced == 1) return 0;
   if (forced == 2) return r;
   if (r > kMaxRemainderRows) return 0;
-  const double row_of_tiles_us =
-      static_cast<double>(col_tiles) * static_cast<double>(iters) * kTileIterUs / static_cast<double>(sms);
+  if (M > 512) return r;
+  const double row_of_tiles_us = static_cast<double>(col_tiles) * static_cast<double>(iters) * kTileIterUs /
+                                 static_cast<double>(sms) * (tile_rows < 256 ? 0.5 : 1.0);
   const double remainder_us = (kRemainderFixedUs + static_cast<double>(weight_bytes) / kRemainderBytesPerUs) *
                               (1.0 + static_cast<double>(r) / 96.0);
   return row_of_tiles_us >= kRemainderGain * remainder_us ? r : 0;

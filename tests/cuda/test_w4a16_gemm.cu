@@ -948,15 +948,16 @@ TEST(W4A16Gemm, AutoRunsTheRowsPastTheLast256RowTileAsASecondGemm) {
     EXPECT_TRUE(matches_reference(p, run_gpu(p, w, ws, {W4A16Strategy::automatic, 0}))) << where;
   }
   // By the rule, with the device's SM count: Qwen3-14B's gate/up projection
-  // (272 column tiles of 80 k-iterations) splits 1 and 64 rows off, not 129
-  // (the remainder's estimate grows with its rows) and nothing at 256 or
-  // 512; an explicit strategy never splits.
+  // (272 column tiles of 80 k-iterations) splits 1, 64 and 128 rows off,
+  // not 129 (kMaxRemainderRows), and nothing at 256 or 512; an explicit
+  // strategy never splits.
   const W4A16Weights gateup = W4A16Weights::random(5120, 34816, 128, DType::f16, 9);
   if (cuda_device_info(0).sm_count <= 144) {
     EXPECT_EQ(w4a16_plan(257, gateup).remainder_rows, 1);
     EXPECT_EQ(w4a16_plan(320, gateup).remainder_rows, 64);
-    EXPECT_EQ(w4a16_plan(1025, gateup).remainder_rows, 1);
+    EXPECT_EQ(w4a16_plan(384, gateup).remainder_rows, 128);
   }
+  EXPECT_EQ(w4a16_plan(1025, gateup).remainder_rows, 1);
   EXPECT_EQ(w4a16_plan(385, gateup).remainder_rows, 0);
   EXPECT_EQ(w4a16_plan(256, gateup).remainder_rows, 0);
   EXPECT_EQ(w4a16_plan(512, gateup).remainder_rows, 0);

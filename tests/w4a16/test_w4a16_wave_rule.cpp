@@ -202,49 +202,61 @@ TEST(W4A16WaveRule, TileRowsRejectBadArguments) {
 int64_t w4_bytes(int64_t K, int64_t N) { return K * N / 2 + K / 128 * N * 4; }
 
 TEST(W4A16WaveRule, RowRemainderWhereARowOfTilesCostsWellMoreThanReadingTheWeights) {
-  // Qwen3-14B's gate/up (272 column tiles, 80 k-iterations): a row of
-  // 256-row tiles ~114 us on 132 SMs, the weights' re-read ~37 us at one
-  // row, ~73 us at 89 rows, more at 90.
+  // Qwen3-14B's gate/up (272 column tiles of 80 k-iterations, 256-row tiles
+  // at every M): a row of tiles ~114 us on 132 SMs, the weights' re-read ~37
+  // us at one row, ~86 us at 128: every remainder up to kMaxRemainderRows.
   const int64_t gateup = w4_bytes(5120, 34816);
-  EXPECT_EQ(choose_row_remainder(257, 272, 80, 132, gateup), 1);
-  EXPECT_EQ(choose_row_remainder(320, 272, 80, 132, gateup), 64);
-  EXPECT_EQ(choose_row_remainder(345, 272, 80, 132, gateup), 89);
-  EXPECT_EQ(choose_row_remainder(346, 272, 80, 132, gateup), 0);
-  EXPECT_EQ(choose_row_remainder(1025, 272, 80, 132, gateup), 1);
+  EXPECT_EQ(choose_row_remainder(257, 256, 272, 80, 132, gateup), 1);
+  EXPECT_EQ(choose_row_remainder(320, 256, 272, 80, 132, gateup), 64);
+  EXPECT_EQ(choose_row_remainder(384, 256, 272, 80, 132, gateup), 128);
+  EXPECT_EQ(choose_row_remainder(385, 256, 272, 80, 132, gateup), 0);
   // Whole row tiles, or no more than one: nothing to split off.
-  EXPECT_EQ(choose_row_remainder(512, 272, 80, 132, gateup), 0);
-  EXPECT_EQ(choose_row_remainder(256, 272, 80, 132, gateup), 0);
-  EXPECT_EQ(choose_row_remainder(200, 272, 80, 132, gateup), 0);
-  // More than kMaxRemainderRows rows past the tile: never, even for a layer
-  // whose row of tiles costs ~300 us (Llama-70B's gate/up).
-  EXPECT_EQ(choose_row_remainder(256 + kMaxRemainderRows + 1, 448, 128, 132, w4_bytes(8192, 57344)), 0);
-  EXPECT_EQ(choose_row_remainder(256 + 100, 448, 128, 132, w4_bytes(8192, 57344)), 100);
-  // Small layers, where the row costs about the re-read: Qwen3-14B's o
-  // projection (40 x 80, 1.35x the one-row estimate), its qkv projection
-  // only while the remainder is thin (1.67x at one row), sq4096.
-  EXPECT_EQ(choose_row_remainder(257, 40, 80, 132, w4_bytes(5120, 5120)), 0);
-  EXPECT_EQ(choose_row_remainder(257, 56, 80, 132, w4_bytes(5120, 7168)), 1);
-  EXPECT_EQ(choose_row_remainder(272, 56, 80, 132, w4_bytes(5120, 7168)), 0);
-  EXPECT_EQ(choose_row_remainder(257, 32, 64, 132, w4_bytes(4096, 4096)), 0);
+  EXPECT_EQ(choose_row_remainder(512, 256, 272, 80, 132, gateup), 0);
+  EXPECT_EQ(choose_row_remainder(256, 256, 272, 80, 132, gateup), 0);
+  EXPECT_EQ(choose_row_remainder(200, 256, 272, 80, 132, gateup), 0);
+  // Qwen3-14B's qkv projection (56 x 80; ~23 us a row, ~14 us the re-read
+  // at one row): up to 33 rows.
+  const int64_t qkv = w4_bytes(5120, 7168);
+  EXPECT_EQ(choose_row_remainder(257, 256, 56, 80, 132, qkv), 1);
+  EXPECT_EQ(choose_row_remainder(289, 256, 56, 80, 132, qkv), 33);
+  EXPECT_EQ(choose_row_remainder(290, 256, 56, 80, 132, qkv), 0);
+  // Plans on 128-row tiles pad a 128-row tile: half the row. Qwen3-14B's o
+  // projection (40 x 80) and sq4096 stay whole at 257 rows; its down
+  // projection (40 x 272) splits one row off, not four.
+  EXPECT_EQ(choose_row_remainder(257, 128, 40, 80, 132, w4_bytes(5120, 5120)), 0);
+  EXPECT_EQ(choose_row_remainder(257, 128, 32, 64, 132, w4_bytes(4096, 4096)), 0);
+  EXPECT_EQ(choose_row_remainder(257, 128, 40, 272, 132, w4_bytes(17408, 5120)), 1);
+  EXPECT_EQ(choose_row_remainder(260, 128, 40, 272, 132, w4_bytes(17408, 5120)), 0);
   // Fewer SMs make the row of tiles dearer.
-  EXPECT_EQ(choose_row_remainder(257, 40, 80, 66, w4_bytes(5120, 5120)), 1);
+  EXPECT_EQ(choose_row_remainder(257, 128, 40, 80, 66, w4_bytes(5120, 5120)), 1);
+  // Above 512 rows: every remainder up to kMaxRemainderRows, small layers
+  // too.
+  EXPECT_EQ(choose_row_remainder(1025, 256, 32, 64, 132, w4_bytes(4096, 4096)), 1);
+  EXPECT_EQ(choose_row_remainder(1152, 256, 272, 80, 132, gateup), 128);
+  EXPECT_EQ(choose_row_remainder(1153, 256, 272, 80, 132, gateup), 0);
+  EXPECT_EQ(choose_row_remainder(520, 256, 32, 64, 132, w4_bytes(4096, 4096)), 8);
   // Forced: always (any remainder) or never.
-  EXPECT_EQ(choose_row_remainder(257, 32, 64, 132, w4_bytes(4096, 4096), 2), 1);
-  EXPECT_EQ(choose_row_remainder(511, 32, 64, 132, w4_bytes(4096, 4096), 2), 255);
-  EXPECT_EQ(choose_row_remainder(512, 32, 64, 132, w4_bytes(4096, 4096), 2), 0);
-  EXPECT_EQ(choose_row_remainder(257, 272, 80, 132, gateup, 1), 0);
+  EXPECT_EQ(choose_row_remainder(257, 128, 32, 64, 132, w4_bytes(4096, 4096), 2), 1);
+  EXPECT_EQ(choose_row_remainder(511, 256, 32, 64, 132, w4_bytes(4096, 4096), 2), 255);
+  EXPECT_EQ(choose_row_remainder(512, 256, 32, 64, 132, w4_bytes(4096, 4096), 2), 0);
+  EXPECT_EQ(choose_row_remainder(257, 256, 272, 80, 132, gateup, 1), 0);
 }
 
 TEST(W4A16WaveRule, RowRemainderRejectsBadArguments) {
-  EXPECT_TRUE(test::throws_error([] { choose_row_remainder(0, 4, 4, 132, 0); }, ErrorKind::invalid_argument, "M"));
   EXPECT_TRUE(
-      test::throws_error([] { choose_row_remainder(300, 0, 4, 132, 0); }, ErrorKind::invalid_argument, "col_tiles"));
-  EXPECT_TRUE(test::throws_error([] { choose_row_remainder(300, 4, 0, 132, 0); }, ErrorKind::invalid_argument, "iters"));
-  EXPECT_TRUE(test::throws_error([] { choose_row_remainder(300, 4, 4, 0, 0); }, ErrorKind::invalid_argument, "sms"));
+      test::throws_error([] { choose_row_remainder(0, 256, 4, 4, 132, 0); }, ErrorKind::invalid_argument, "M"));
+  EXPECT_TRUE(test::throws_error([] { choose_row_remainder(300, 0, 4, 4, 132, 0); }, ErrorKind::invalid_argument,
+                                 "tile_rows"));
+  EXPECT_TRUE(test::throws_error([] { choose_row_remainder(300, 256, 0, 4, 132, 0); }, ErrorKind::invalid_argument,
+                                 "col_tiles"));
   EXPECT_TRUE(
-      test::throws_error([] { choose_row_remainder(300, 4, 4, 132, -1); }, ErrorKind::invalid_argument, "weight_bytes"));
+      test::throws_error([] { choose_row_remainder(300, 256, 4, 0, 132, 0); }, ErrorKind::invalid_argument, "iters"));
   EXPECT_TRUE(
-      test::throws_error([] { choose_row_remainder(300, 4, 4, 132, 0, 3); }, ErrorKind::invalid_argument, "forced"));
+      test::throws_error([] { choose_row_remainder(300, 256, 4, 4, 0, 0); }, ErrorKind::invalid_argument, "sms"));
+  EXPECT_TRUE(test::throws_error([] { choose_row_remainder(300, 256, 4, 4, 132, -1); }, ErrorKind::invalid_argument,
+                                 "weight_bytes"));
+  EXPECT_TRUE(test::throws_error([] { choose_row_remainder(300, 256, 4, 4, 132, 0, 3); },
+                                 ErrorKind::invalid_argument, "forced"));
 }
 
 TEST(W4A16WaveRule, StreamKRejectsBadArguments) {

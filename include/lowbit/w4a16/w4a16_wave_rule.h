@@ -207,39 +207,41 @@ constexpr WgmmaTileCoord wgmma_grouped_tile(int t, int row_tiles, int col_tiles,
 // Rows past the last whole 256-row tile as a GEMM of their own: for M > 256
 // rows, the remainder r = M % 256 (0 < r <= kMaxRemainderRows) runs as a
 // second call after the first M - r rows, each with its own plan (gemv up to
-// 4 rows, small wgmma tiles above). Returns r, or 0 for one call.
+// 4 rows, smaller wgmma tiles above). Returns r, or 0 for one call.
 //
 // Why: a grid of row tiles computes its last, thin row tile at the cost of a
-// whole one, so M = 256 q + r costs about q + 1 rows of tiles. On an H200
-// (docs/w4a16-gemm.md, v47 for the remainder's own rows; v46 for M = 257):
-// Llama-70B's down projection took 353.3 us at 257 rows against 164.6 at 256
-// and 41.8 at one row; Qwen3-14B's gate/up 319.6 against 146.5 + 34.4. The
-// second call reads every weight again, at about the one-row GEMM's time,
-// so it pays only where a row of tiles costs well more than that read.
+// whole one, so M = 256 q + r costs about q + 1 rows of tiles. The second
+// call reads every weight again, at about a GEMM of r rows' time. Measured on
+// an H200 (docs/w4a16-gemm.md, v47), one call against two, us: Llama-70B's
+// gate/up at 257 rows 596.9 against 398.1, sq16384 343.5 against 223.3; from
+// 1025 rows (q >= 4) the split gained on all nine benchmark layers, 7-249 us
+// (sq4096 76.7 -> 66.9, Qwen3-14B's down projection 354.2 -> 269.3).
 //
-// The estimate, in microseconds: a row of 256-row tiles costs
-// col_tiles x iters x kTileIterUs / sms (a 256 x 128 tile's k-iteration on
-// one SM, ~0.69 us on an H200: 55 us for K = 5120 in v45/v46), the
-// remainder kRemainderFixedUs + weight_bytes / kRemainderBytesPerUs, times
-// (1 + r / 96) for its rows (the one-row GEMM's time fitted over the nine
-// benchmark shapes, 8 + bytes / 3.3 TB/s, over-estimates the large layers by
-// 0-10%; 16 / 32 / 64 rows took 1.1-1.4 / 1.2-1.5 / 1.4-2.0x the one-row
-// time there). Split when the row costs kRemainderGain times the
-// remainder: Qwen3-14B's o projection (1.37) lost 6 us at 257 rows so,
-// its qkv projection (1.68) tied, sq8192 (2.3) gained 9 us.
+// Above 512 rows (q >= 2): r, while r <= kMaxRemainderRows. Below, one row of
+// tiles is the whole gain, and small layers lose: the estimate, in
+// microseconds, of the row the split removes, col_tiles x iters x
+// kTileIterUs / sms (a 256 x 128 tile's k-iteration on one SM, ~0.69 us on
+// an H200: 55 us for K = 5120), half that where M's own plan runs 128-row
+// tiles (tile_rows < 256, choose_wgmma_tile_rows: the padded row tile is a
+// 128-row one), against the remainder's, kRemainderFixedUs + weight_bytes /
+// kRemainderBytesPerUs (the one-row GEMM over the nine layers, within
+// -10..+25%), times 1 + r / 96 for its rows; split where the first is at least
+// kRemainderGain times the second. At 257-384 rows that kept Qwen3-14B's o
+// projection and sq4096 whole (the split lost 4-21 us on both) and split the
+// points where it gained more than 2 us.
 //
 // Only for `auto`'s wgmma plans: the decoupled GEMM (cuBLAS after a
 // dequantization) takes any M without padding. forced == 2: split off
 // M % 256 whenever it is not 0 (any size); forced == 1: never; forced == 0:
-// the rule. Error(invalid_argument) for M, col_tiles, iters or sms < 1,
-// weight_bytes < 0, or forced outside 0..2.
-int64_t choose_row_remainder(int64_t M, int64_t col_tiles, int iters, int64_t sms, int64_t weight_bytes,
-                             int forced = 0);
+// the rule. Error(invalid_argument) for M, tile_rows, col_tiles, iters or
+// sms < 1, weight_bytes < 0, or forced outside 0..2.
+int64_t choose_row_remainder(int64_t M, int tile_rows, int64_t col_tiles, int iters, int64_t sms,
+                             int64_t weight_bytes, int forced = 0);
 inline constexpr int kMaxRemainderRows = 128;
 inline constexpr double kTileIterUs = 0.69;
 inline constexpr double kRemainderFixedUs = 8.0;
 inline constexpr double kRemainderBytesPerUs = 3.3e6;
-inline constexpr double kRemainderGain = 1.6;
+inline constexpr double kRemainderGain = 1.25;
 
 // Per split, what its partials cost in k-iterations of a whole tile (an
 // estimate: ~1.2 us to move one 256 x 128 fp32 partial through L2, ~0.8-0.9
