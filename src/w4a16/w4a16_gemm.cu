@@ -636,10 +636,10 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
       if (plan.strategy == W4A16Strategy::wgmma && M > 256) {
         const int64_t col_tiles =
             (w.N_padded() + w4a16_detail::kWgmmaColsPerTile - 1) / w4a16_detail::kWgmmaColsPerTile;
-        const int sms = sm_count(w.device());
-        const int tile_rows = choose_wgmma_tile_rows(
-            M, col_tiles, static_cast<int64_t>(w4a16_detail::wgmma_ctas_per_sm(256, bf16)) * sms);
-        const int64_t r = choose_row_remainder(M, tile_rows, col_tiles, iters, sms,
+        const int64_t wave_of_256 =
+            static_cast<int64_t>(w4a16_detail::wgmma_ctas_per_sm(256, bf16)) * sm_count(w.device());
+        const int tile_rows = choose_wgmma_tile_rows(M, col_tiles, wave_of_256);
+        const int64_t r = choose_row_remainder(M, tile_rows, col_tiles, iters, wave_of_256,
                                                static_cast<int64_t>(w.weight_bytes()), options.row_remainder);
         if (r > 0) {
           W4A16Options whole = options;

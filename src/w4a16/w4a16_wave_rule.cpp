@@ -89,24 +89,49 @@ int64_t choose_wgmma_group_rows(int64_t row_tiles, int64_t x_tile_bytes, int64_t
   return std::clamp<int64_t>(budget / x_tile_bytes, 1, row_tiles);
 }
 
-int64_t choose_row_remainder(int64_t M, int tile_rows, int64_t col_tiles, int iters, int64_t sms,
+double wgmma_grid_iters(int64_t tiles, int64_t wave, int iters) {
+  LOWBIT_CHECK_ARG(tiles >= 1, "tiles", tiles, "at least 1");
+  LOWBIT_CHECK_ARG(wave >= 1, "wave", wave, "at least 1");
+  LOWBIT_CHECK_ARG(iters >= 1, "iters", iters, "at least 1");
+  if (tiles >= wave) {
+    const WgmmaTailSplit tail = choose_wgmma_tail(tiles, wave, iters);
+    const double last = tiles % wave == 0 ? 0.0
+                        : tail.tail_tiles == 0
+                            ? static_cast<double>(iters)
+                            : static_cast<double>((iters + tail.tail_split - 1) / tail.tail_split) +
+                                  kTailFixupIters * tail.tail_split;
+    return static_cast<double>(tiles / wave * iters) + last;
+  }
+  const int64_t split = wgmma_uniform_split(tiles, wave, iters);
+  const double uniform = static_cast<double>((iters + split - 1) / split);
+  const double stream_k = static_cast<double>((tiles * iters + wave - 1) / wave) + 2.0 * kTailFixupIters;
+  return std::min(uniform, stream_k);
+}
+
+int64_t choose_row_remainder(int64_t M, int tile_rows, int64_t col_tiles, int iters, int64_t wave_of_256,
                              int64_t weight_bytes, int forced) {
   LOWBIT_CHECK_ARG(M >= 1, "M", M, "at least 1");
   LOWBIT_CHECK_ARG(tile_rows >= 1, "tile_rows", tile_rows, "at least 1");
   LOWBIT_CHECK_ARG(col_tiles >= 1, "col_tiles", col_tiles, "at least 1");
   LOWBIT_CHECK_ARG(iters >= 1, "iters", iters, "at least 1");
-  LOWBIT_CHECK_ARG(sms >= 1, "sms", sms, "at least 1");
+  LOWBIT_CHECK_ARG(wave_of_256 >= 1, "wave_of_256", wave_of_256, "at least 1");
   LOWBIT_CHECK_ARG(weight_bytes >= 0, "weight_bytes", weight_bytes, ">= 0");
   LOWBIT_CHECK_ARG(forced >= 0 && forced <= 2, "forced", forced, "0 (the rule), 1 (never) or 2 (always)");
   const int64_t r = M % 256;
   if (M <= 256 || r == 0 || forced == 1) return 0;
   if (forced == 2) return r;
   if (r > kMaxRemainderRows) return 0;
-  if (M > 512) return r;
-  const double row_of_tiles_us = static_cast<double>(col_tiles) * static_cast<double>(iters) * kTileIterUs /
-                                 static_cast<double>(sms) * (tile_rows < 256 ? 0.5 : 1.0);
   const double remainder_us = (kRemainderFixedUs + static_cast<double>(weight_bytes) / kRemainderBytesPerUs) *
                               (1.0 + static_cast<double>(r) / 96.0);
+  const int64_t q = M / 256;
+  if (q >= 2) {
+    const double saved_us = (wgmma_grid_iters((q + 1) * col_tiles, wave_of_256, iters) -
+                             wgmma_grid_iters(q * col_tiles, wave_of_256, iters)) *
+                            kTileIterUs;
+    return saved_us >= kRemainderGainOverTwoRows * remainder_us ? r : 0;
+  }
+  const double row_of_tiles_us = static_cast<double>(col_tiles) * static_cast<double>(iters) * kTileIterUs /
+                                 static_cast<double>(wave_of_256) * (tile_rows < 256 ? 0.5 : 1.0);
   return row_of_tiles_us >= kRemainderGain * remainder_us ? r : 0;
 }
 

@@ -229,17 +229,38 @@ TEST(W4A16WaveRule, RowRemainderWhereARowOfTilesCostsWellMoreThanReadingTheWeigh
   EXPECT_EQ(choose_row_remainder(260, 128, 40, 272, 132, w4_bytes(17408, 5120)), 0);
   // Fewer SMs make the row of tiles dearer.
   EXPECT_EQ(choose_row_remainder(257, 128, 40, 80, 66, w4_bytes(5120, 5120)), 1);
-  // Above 512 rows: every remainder up to kMaxRemainderRows, small layers
-  // too.
-  EXPECT_EQ(choose_row_remainder(1025, 256, 32, 64, 132, w4_bytes(4096, 4096)), 1);
+  // Above 512 rows, by the grids' critical paths (wgmma_grid_iters): sq4096
+  // (32 column tiles of 64 k-iterations) at 769 rows runs 128 tiles in one
+  // round, like 96 at 768, so nothing is saved; at 1025 rows 160 tiles take a
+  // round and a tail split (64 + 16 + 6 iterations) where 128 take ~one.
+  const int64_t sq4096 = w4_bytes(4096, 4096);
+  EXPECT_EQ(choose_row_remainder(769, 256, 32, 64, 132, sq4096), 0);
+  EXPECT_EQ(choose_row_remainder(1025, 256, 32, 64, 132, sq4096), 1);
+  EXPECT_EQ(choose_row_remainder(1088, 256, 32, 64, 132, sq4096), 0);
+  EXPECT_EQ(choose_row_remainder(520, 256, 32, 64, 132, sq4096), 8);
   EXPECT_EQ(choose_row_remainder(1152, 256, 272, 80, 132, gateup), 128);
   EXPECT_EQ(choose_row_remainder(1153, 256, 272, 80, 132, gateup), 0);
-  EXPECT_EQ(choose_row_remainder(520, 256, 32, 64, 132, w4_bytes(4096, 4096)), 8);
+  EXPECT_EQ(choose_row_remainder(1025, 256, 272, 80, 132, gateup), 1);
   // Forced: always (any remainder) or never.
   EXPECT_EQ(choose_row_remainder(257, 128, 32, 64, 132, w4_bytes(4096, 4096), 2), 1);
   EXPECT_EQ(choose_row_remainder(511, 256, 32, 64, 132, w4_bytes(4096, 4096), 2), 255);
   EXPECT_EQ(choose_row_remainder(512, 256, 32, 64, 132, w4_bytes(4096, 4096), 2), 0);
   EXPECT_EQ(choose_row_remainder(257, 256, 272, 80, 132, gateup, 1), 0);
+}
+
+TEST(W4A16WaveRule, GridIterationsFollowTheRoundsTailAndStreamK) {
+  // 160 tiles of 80 k-iterations on 132 SMs: a round, then the 28 left over
+  // split 4 ways (20 iterations and 4 x 1.5 of fix-up).
+  EXPECT_DOUBLE_EQ(wgmma_grid_iters(160, 132, 80), 80 + 20 + 6);
+  EXPECT_DOUBLE_EQ(wgmma_grid_iters(264, 132, 80), 160);  // two whole rounds
+  EXPECT_DOUBLE_EQ(wgmma_grid_iters(272, 132, 80), 160 + 22);  // the 8 left over split 8 ways
+  // Under a wave: the uniform split (128 tiles: one round of 64) or stream-K
+  // (96 tiles: ceil(96 x 64 / 132) = 47, + 3).
+  EXPECT_DOUBLE_EQ(wgmma_grid_iters(128, 132, 64), 64);
+  EXPECT_DOUBLE_EQ(wgmma_grid_iters(96, 132, 64), 50);
+  EXPECT_TRUE(test::throws_error([] { wgmma_grid_iters(0, 132, 64); }, ErrorKind::invalid_argument, "tiles"));
+  EXPECT_TRUE(test::throws_error([] { wgmma_grid_iters(1, 0, 64); }, ErrorKind::invalid_argument, "wave"));
+  EXPECT_TRUE(test::throws_error([] { wgmma_grid_iters(1, 132, 0); }, ErrorKind::invalid_argument, "iters"));
 }
 
 TEST(W4A16WaveRule, RowRemainderRejectsBadArguments) {
@@ -251,8 +272,8 @@ TEST(W4A16WaveRule, RowRemainderRejectsBadArguments) {
                                  "col_tiles"));
   EXPECT_TRUE(
       test::throws_error([] { choose_row_remainder(300, 256, 4, 0, 132, 0); }, ErrorKind::invalid_argument, "iters"));
-  EXPECT_TRUE(
-      test::throws_error([] { choose_row_remainder(300, 256, 4, 4, 0, 0); }, ErrorKind::invalid_argument, "sms"));
+  EXPECT_TRUE(test::throws_error([] { choose_row_remainder(300, 256, 4, 4, 0, 0); }, ErrorKind::invalid_argument,
+                                 "wave_of_256"));
   EXPECT_TRUE(test::throws_error([] { choose_row_remainder(300, 256, 4, 4, 132, -1); }, ErrorKind::invalid_argument,
                                  "weight_bytes"));
   EXPECT_TRUE(test::throws_error([] { choose_row_remainder(300, 256, 4, 4, 132, 0, 3); },

@@ -213,35 +213,53 @@ constexpr WgmmaTileCoord wgmma_grouped_tile(int t, int row_tiles, int col_tiles,
 // whole one, so M = 256 q + r costs about q + 1 rows of tiles. The second
 // call reads every weight again, at about a GEMM of r rows' time. Measured on
 // an H200 (docs/w4a16-gemm.md, v47), one call against two, us: Llama-70B's
-// gate/up at 257 rows 596.9 against 398.1, sq16384 343.5 against 223.3; from
-// 1025 rows (q >= 4) the split gained on all nine benchmark layers, 7-249 us
-// (sq4096 76.7 -> 66.9, Qwen3-14B's down projection 354.2 -> 269.3).
+// gate/up at 257 rows 596.9 against 398.1, at 769 rows 1251.2 against
+// 1026.4; sq16384 at 257 rows 343.5 against 223.3; Qwen3-14B's down
+// projection at 1025 rows 354.2 against 269.3. Small layers can lose: sq4096
+// at 769 rows 47.8 against 62.7 (768 and 769 rows both run one round of
+// tiles), Qwen3-14B's o projection at 600 rows 58.4 against 83.3.
 //
-// Above 512 rows (q >= 2): r, while r <= kMaxRemainderRows. Below, one row of
-// tiles is the whole gain, and small layers lose: the estimate, in
-// microseconds, of the row the split removes, col_tiles x iters x
-// kTileIterUs / sms (a 256 x 128 tile's k-iteration on one SM, ~0.69 us on
-// an H200: 55 us for K = 5120), half that where M's own plan runs 128-row
-// tiles (tile_rows < 256, choose_wgmma_tile_rows: the padded row tile is a
-// 128-row one), against the remainder's, kRemainderFixedUs + weight_bytes /
-// kRemainderBytesPerUs (the one-row GEMM over the nine layers, within
-// -10..+25%), times 1 + r / 96 for its rows; split where the first is at least
-// kRemainderGain times the second. At 257-384 rows that kept Qwen3-14B's o
-// projection and sq4096 whole (the split lost 4-21 us on both) and split the
-// points where it gained more than 2 us.
+// The estimate, in microseconds. The remainder's: kRemainderFixedUs +
+// weight_bytes / kRemainderBytesPerUs (the one-row GEMM over the nine
+// benchmark layers, within -10..+25%), times 1 + r / 96 for its rows. What
+// the split saves, in k-iterations of a 256 x 128 tile at kTileIterUs each
+// (~0.69 us on one H200 SM: 55 us for K = 5120):
+// - q = 1 (257-384 rows): one row of tiles spread over the SMs, col_tiles x
+//   iters / wave_of_256, halved where M's own plan runs 128-row tiles
+//   (tile_rows < 256, choose_wgmma_tile_rows: its padded row tile is a
+//   128-row one); split at kRemainderGain times the remainder.
+// - q >= 2: the critical paths of the grids of q + 1 and of q rows of tiles
+//   (wgmma_grid_iters: their rounds, tail splits and stream-K), which is
+//   where 768 / 769 rows cost the same; split at kRemainderGainOverTwoRows.
+// The constants were fitted to the 117 points of v47's two sweeps (257-2049
+// rows, nine layers; not checked on others): where the rule splits it gained
+// 6.0 ms in all and lost 32 us (the worst: Qwen3-14B's down projection at 600
+// rows, 15 us; o at 1152, 9 us); where it does not it forwent 53 us (qkv at
+// 1040 rows, 19 us).
 //
 // Only for `auto`'s wgmma plans: the decoupled GEMM (cuBLAS after a
 // dequantization) takes any M without padding. forced == 2: split off
 // M % 256 whenever it is not 0 (any size); forced == 1: never; forced == 0:
-// the rule. Error(invalid_argument) for M, tile_rows, col_tiles, iters or
-// sms < 1, weight_bytes < 0, or forced outside 0..2.
-int64_t choose_row_remainder(int64_t M, int tile_rows, int64_t col_tiles, int iters, int64_t sms,
+// the rule. wave_of_256: resident CTAs of the 256-row tile (one per SM).
+// Error(invalid_argument) for M, tile_rows, col_tiles, iters or wave_of_256
+// < 1, weight_bytes < 0, or forced outside 0..2.
+int64_t choose_row_remainder(int64_t M, int tile_rows, int64_t col_tiles, int iters, int64_t wave_of_256,
                              int64_t weight_bytes, int forced = 0);
 inline constexpr int kMaxRemainderRows = 128;
 inline constexpr double kTileIterUs = 0.69;
 inline constexpr double kRemainderFixedUs = 8.0;
 inline constexpr double kRemainderBytesPerUs = 3.3e6;
 inline constexpr double kRemainderGain = 1.25;
+inline constexpr double kRemainderGainOverTwoRows = 1.0;
+
+// The critical path of a wgmma grid of `tiles` 256-row tiles on `wave`
+// resident CTAs, in k-iterations of a whole tile, as the plan runs it: whole
+// rounds of iters plus the last round's tail split (choose_wgmma_tail; iters
+// without one); under a wave, the cheaper of the uniform split
+// (wgmma_uniform_split) and stream-K (ceil(tiles x iters / wave) + 2
+// kTailFixupIters). An estimate (fixed costs left out), for
+// choose_row_remainder. Error(invalid_argument) for tiles, wave or iters < 1.
+double wgmma_grid_iters(int64_t tiles, int64_t wave, int iters);
 
 // Per split, what its partials cost in k-iterations of a whole tile (an
 // estimate: ~1.2 us to move one 256 x 128 fp32 partial through L2, ~0.8-0.9
