@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """One line per (layer, M) of `lowbit bench gemm --json` rows: cuBLAS FP16 us,
-then each lowbit row's us and speedup over cuBLAS, and the geometric mean of
-each row's speedup over the points it ran. For comparing variants compactly.
+then each lowbit row's us and speedup over cuBLAS ("+R": its plan ran the last
+R rows as a second GEMM), and the geometric mean of each row's speedup over
+the points it ran. For comparing variants compactly.
 
 usage: gemm_table.py ROWS.jsonl [ROWS.jsonl ...]
 """
@@ -27,7 +28,7 @@ def main(paths):
             if impl != "cublas_fp16" and impl not in impls:
                 impls.append(impl)
     short = [i.replace("lowbit_", "") for i in impls]
-    print(f"{'layer':15s} {'M':>5s} {'cublas':>8s} " + " ".join(f"{s:>16s}" for s in short))
+    print(f"{'layer':15s} {'M':>5s} {'cublas':>8s} " + " ".join(f"{s:>19s}" for s in short))
     logs = defaultdict(list)
     for (layer, M), rows in points.items():
         base = rows.get("cublas_fp16")
@@ -35,17 +36,17 @@ def main(paths):
         for impl in impls:
             r = rows.get(impl)
             if r is None or base is None:
-                cells.append(f"{'-':>16s}")
+                cells.append(f"{'-':>19s}")
                 continue
             ratio = base["us"] / r["us"]
             logs[impl].append(math.log(ratio))
             rem = r.get("remainder_rows", 0)
             mark = f"+{rem}" if rem else ""
-            cells.append(f"{r['us']:8.1f} {ratio:4.2f}x{mark:>3s}"[:16].rjust(16))
+            cells.append(f"{r['us']:8.1f} {ratio:4.2f}x {mark:>4s}")
         b = f"{base['us']:8.1f}" if base else f"{'-':>8s}"
         print(f"{layer:15s} {M:5d} {b} " + " ".join(cells))
     print(f"{'geomean':15s} {'':5s} {'':8s} " +
-          " ".join(f"{math.exp(sum(logs[i]) / len(logs[i])):15.3f}x" if logs[i] else f"{'-':>16s}" for i in impls))
+          " ".join(f"{math.exp(sum(logs[i]) / len(logs[i])):18.3f}x" if logs[i] else f"{'-':>19s}" for i in impls))
 
 
 if __name__ == "__main__":
