@@ -182,6 +182,14 @@ void run_w4a16_gemm_benchmark(const W4A16BenchOptions& options) {
         o.row_remainder = v;
         configs.emplace_back("lowbit_auto_rr" + std::to_string(v), o);
       }
+      for (int v : options.shared_fixups) {
+        W4A16Options o{W4A16Strategy::automatic, 0};
+        o.shared_fixup = v;
+        const W4A16Plan p = w4a16_plan(M, w, o);
+        if (p.strategy != W4A16Strategy::wgmma || p.stream_k_ctas > 0 || (p.split_k == 1 && p.tail_tiles == 0))
+          continue;
+        configs.emplace_back("lowbit_auto_sf" + std::to_string(v), o);
+      }
       if (options.read_floor && M <= kReadFloorMaxRows) {
         // What reading the W4 weights and scales alone takes under the same
         // timer and flush: a grid-stride kernel of 16-byte loads, no math,
@@ -223,7 +231,7 @@ void run_w4a16_gemm_benchmark(const W4A16BenchOptions& options) {
                      {"rows_per_pass", plan.rows_per_pass}, {"tail_tiles", plan.tail_tiles},
                      {"tail_split", plan.tail_split}, {"stream_k_ctas", plan.stream_k_ctas},
                      {"wgmma_dense", plan.wgmma_dense}, {"wgmma_group_rows", plan.wgmma_group_rows},
-                     {"remainder_rows", plan.remainder_rows},
+                     {"remainder_rows", plan.remainder_rows}, {"shared_fixup", plan.shared_fixup},
                      {"wgmma_scale_after",
                       plan.strategy == W4A16Strategy::wgmma &&
                           w4a16_detail::wgmma_scale_after_applies(plan.rows_per_pass, w.float_zero(),
@@ -241,12 +249,12 @@ void run_w4a16_gemm_benchmark(const W4A16BenchOptions& options) {
         const std::string remainder =
             plan.remainder_rows > 0 ? ", then " + std::to_string(plan.remainder_rows) + " rows apart" : "";
         std::printf("%-15s M=%-5lld %-30s %9.1f us  %6.0f GB/s  %5.2fx cuBLAS  (%s, split %d, rows %d, tail %lld x %d, "
-                    "stream-K %lld%s%s%s)\n",
+                    "stream-K %lld%s%s%s%s)\n",
                     shape.label, static_cast<long long>(M), row.impl.c_str(), row.stats.median_us, row.GBps(), speedup,
                     w4a16_strategy_name(plan.strategy), plan.split_k, plan.rows_per_pass,
                     static_cast<long long>(plan.tail_tiles), plan.tail_split,
                     static_cast<long long>(plan.stream_k_ctas), plan.wgmma_dense ? ", 3 CTAs/SM" : "", group.c_str(),
-                    remainder.c_str());
+                    remainder.c_str(), plan.shared_fixup ? ", shared fix-up" : "");
         if (M == 1 && options.strategy == W4A16Strategy::automatic) {
           char line[200];
           std::snprintf(line, sizeof line, "  %-15s %8.1f us  %6.0f GB/s = %4.1f%% of copy", shape.label,

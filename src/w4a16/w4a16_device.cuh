@@ -225,5 +225,12 @@ __device__ __forceinline__ int load_acquire_gpu(const int* p) {
   asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
+// The device's nanosecond clock (%globaltimer; it advances in steps of up to
+// a microsecond): the wgmma kernel's shared fix-up bounds its waits with it.
+__device__ __forceinline__ uint64_t global_timer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
 
 }  // namespace lowbit::w4a16_detail

@@ -581,6 +581,8 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
                    "0 (chosen), 1 (none) or a CTA count >= 2");
   LOWBIT_CHECK_ARG(options.wgmma_group_rows >= 0, "wgmma_group_rows", options.wgmma_group_rows,
                    "0 (the rule) or a count of row tiles >= 1");
+  LOWBIT_CHECK_ARG(options.shared_fixup >= 0 && options.shared_fixup <= 2, "shared_fixup", options.shared_fixup,
+                   "0 (the rule), 1 (never) or 2 (past one wave too)");
   W4A16Plan plan{options.strategy, 1, M <= 16 ? 16 : (M <= 32 ? 32 : 64)};
   const bool bf16 = w.act_dtype() == DType::bf16;
   const int iters = static_cast<int>(w.K_padded() / 64);
@@ -745,6 +747,15 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
       }
     }
     plan.split_k = static_cast<int>(std::clamp<int64_t>(choice, 1, iters));
+    // The shared fix-up makes the CTAs of a split tile wait for each other:
+    // only where all the CTAs that wait fit in one wave, so that none waits
+    // for a CTA that cannot start (the kernel bounds its waits besides).
+    const int64_t waiting = plan.stream_k_ctas > 0 ? 0
+                            : plan.tail_tiles > 0  ? plan.tail_tiles * plan.tail_split
+                            : plan.split_k > 1     ? n_tiles * plan.split_k
+                                                   : 0;
+    plan.shared_fixup = options.shared_fixup != 1 && waiting > 0 && (waiting <= wave || options.shared_fixup == 2) &&
+                        w4a16_detail::wgmma_shared_fixup_built(plan.rows_per_pass, plan.wgmma_dense);
     if (plan.stream_k_ctas == 0) {
       const int64_t row_tiles = (M + plan.rows_per_pass - 1) / plan.rows_per_pass;
       const int64_t x_tile_bytes = static_cast<int64_t>(plan.rows_per_pass) * w.K_padded() * 2;
@@ -928,7 +939,7 @@ void w4a16_gemm(const TensorView& x, const W4A16Weights& w, const TensorView& y,
                           ((w.N_padded() + w4a16_detail::kWgmmaColsPerTile - 1) / w4a16_detail::kWgmmaColsPerTile);
     // Slot 2: the partials (each split's whole tile of fp32 accumulators,
     // per tile or per tail tile; stream-K: one whole tile per CTA); slot 3:
-    // one counter per tile (kept zero).
+    // one counter per tile, two with the shared fix-up (kept zero).
     const size_t tile_bytes =
         static_cast<size_t>(plan.rows_per_pass) * w4a16_detail::kWgmmaColsPerTile * sizeof(float);
     if (plan.stream_k_ctas > 0) {
@@ -951,9 +962,10 @@ void w4a16_gemm(const TensorView& x, const W4A16Weights& w, const TensorView& y,
     // With one row tile every weight is read once per K split; with more,
     // the row tiles of a column tile read it again, from L2 when it stayed.
     if (options.l2_streaming && M <= plan.rows_per_pass) a.weight_stream_bytes = w.qweight_bytes();
+    a.shared_fixup = plan.shared_fixup;
     if (plan.stream_k_ctas > 0 || plan.tail_tiles > 0 || plan.split_k > 1)
-      a.counters = static_cast<int*>(
-          workspace.scratch(3, static_cast<size_t>(tiles) * sizeof(int), true, w.device(), stream));
+      a.counters = static_cast<int*>(workspace.scratch(
+          3, static_cast<size_t>(tiles) * (plan.shared_fixup ? 2 : 1) * sizeof(int), true, w.device(), stream));
     w4a16_detail::launch_wgmma(a, plan.rows_per_pass, plan.wgmma_dense, bf16, w.float_zero(), stream);
     return;
   }

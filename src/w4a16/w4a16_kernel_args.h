@@ -34,7 +34,7 @@ struct TiledGemmArgs {
   void* y;  // [M, N], row stride ldy
   int64_t ldy;
   float* partial;  // split_k > 1: [split_k, M, N_pad] partial sums
-  int* counters;   // split_k > 1: one per output tile, zero between calls
+  int* counters;   // split_k > 1: one per output tile (two with shared_fixup), zero between calls
   int M, K, N, N_pad;
   int iters;        // K_pad / 64
   int group_shift;  // log2(group size), or -1 for per channel
@@ -51,6 +51,11 @@ struct TiledGemmArgs {
   // cut into equal contiguous ranges (w4a16_wave_rule.h). Partials: one
   // slot of a whole tile's accumulators per CTA; counters: one per tile.
   int stream_k_ctas;
+  // wgmma K splits and tail tiles (not stream-K): the splits of a tile share
+  // its fix-up (W4A16Plan::shared_fixup): counters then holds two ints per
+  // tile, [0, tiles) the arrivals and claimed parts, [tiles, 2 tiles) the
+  // departures.
+  bool shared_fixup;
   // wgmma without stream-K: the tiles are handed out in groups of this many
   // row tiles, column tiles in turn, row tiles fastest in a group
   // (choose_wgmma_group_rows); 0 or >= the row tiles: row tiles fastest over

@@ -73,6 +73,10 @@ constexpr int kThreads = 256;  // two warpgroups, 64 output columns each
 // other before it waits for a slot to be released.
 constexpr int kStages = 5;
 constexpr int kAhead = 3;
+// The shared fix-up's bound on a CTA's wait for the other K splits of its
+// tile (shared_fixup in the kernel): far above the spread of their finishing
+// times in a grid that fits in one wave (a few us), short beside a hang.
+[[maybe_unused]] constexpr uint64_t kFixupWaitNs = 20000;
 static_assert(kAhead < kStages - 1,
               "a warpgroup must be able to run ahead of the other by one slot at least");
 
@@ -287,7 +291,128 @@ template <int kMTile, bool kDense>
 constexpr bool kHasProducer = !kDense && (kMTile == 64 || kMTile == 256);
 template <int kMTile, bool kDense>
 constexpr int kCtaThreads = kThreads + (!kHasProducer<kMTile, kDense> ? 0 : kMTile == 256 ? 128 : 32);
+
+#if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// The shared fix-up (WgmmaArgs::shared_fixup, W4A16Plan::shared_fixup):
+// the count CTAs of a K-split tile sum its slots together, each one part of
+// the tile's float4s, where otherwise the last CTA to arrive sums every slot
+// alone while the others exit. That sum is bound by one SM's L2 round trips:
+// 4 x 128 KB slots of the 256-row tile's tail took ~6 us on the critical
+// path of qwen3-o at 1024 rows (docs/w4a16-gemm.md, v45). Parts are claimed
+// on the tile's counter: the last CTA to arrive holds part 0 by its arrival
+// (counter values count - 1 + p claim part p), the others wait for every
+// arrival and claim parts until none is left. A wait is bounded
+// (kFixupWaitNs): a CTA that gives up claims nothing and leaves, so the last
+// CTA, which never waits, does whatever no one claimed, and no grid can
+// deadlock on CTAs that are not resident (the plan takes this path only where
+// all of them fit in one wave: there the bound is not reached). Each part is
+// summed split 0, 1, ... from 0.0f, add_partials' order: the same bits as the
+// last CTA's sum. The last CTA to leave (departures) zeroes both counters for
+// the next call.
 //
+// Built into the kernels of wgmma_shared_fixup_built's tiles only: in the
+// 16-, 32- and dense 64-row kernels (thread 0 produces inside the K loop, at
+// their 56-80 register caps) this code lengthened the k-loop by 10-27 SASS
+// instructions per k-iteration (tools/sass/kernel_loops.py); the 256-row and
+// two-CTA 64-row loops did not change, the 128-row loop grew by 4. A 64-bit
+// division here (a call to a routine) had lengthened even those.
+template <typename T, int kMTile, bool kProducer>
+__device__ __forceinline__ void wgmma_shared_fixup(const float4* tile_slots, int count, int* claims, T* y, int64_t ldy,
+                                                int M, int N, int N_pad, int col_tile, int m0, int* part) {
+  // Only values that the caller has in registers after its K loop anyway, or
+  // reads from the kernel's parameters there: with the tile's column index or
+  // its tile count passed in, the compiler kept them live through the loop.
+  const int n_blocks = N_pad / 64;
+  int* departures = claims + (M + kMTile - 1) / kMTile * ((N_pad + 127) / 128);
+  constexpr int64_t kSlotFloat4s = int64_t{kMTile / 8} * kThreads;  // kAcc / 4 quads per thread
+  // Quads per thread and splits per round of loads: 16 loads in flight for
+  // the 256-row tile, 8 for the others, as add_partials keeps.
+  constexpr int kItems = kMTile == 256 ? 4 : (kMTile >= 64 ? 2 : 1);
+  constexpr int kRound = kMTile >= 64 ? 4 : 8;
+  const int tid = static_cast<int>(threadIdx.x);
+  auto consumer_sync = [] {
+    if constexpr (kProducer) asm volatile("bar.sync 1, 256;" ::: "memory");
+    else __syncthreads();
+  };
+  // The outputs of float4 idx of a slot: quad idx / kThreads of thread
+  // idx % kThreads, whose accumulator 4q + e is output row m0 + 8q + 2t (+1
+  // for odd e), column (its warpgroup's block) * 64 + warp * 16 + g (+8 for
+  // e >= 2), as in the kernel's for_each_output.
+  auto store_quad = [&](int idx, const float4& v) {
+    const int th = idx % kThreads, q = idx / kThreads;
+    const int block = col_tile * 2 + th / 128;
+    if (block >= n_blocks) return;  // that warpgroup had no column block
+    const int lane = th % 32, col = block * 64 + (th % 128) / 32 * 16 + lane / 4;
+    const int row = m0 + 8 * q + 2 * (lane % 4);
+    const float e[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int r = row + (i & 1), c = col + (i >= 2 ? 8 : 0);
+      if (r < M && c < N) y[static_cast<int64_t>(r) * ldy + c] = from_float<T>(e[i]);
+    }
+  };
+  auto sum_part = [&](int p) {
+    // 32-bit: a 64-bit division is a call to a routine, and a call in the
+    // kernel changes the register allocation of its K loop.
+    const int begin = p * static_cast<int>(kSlotFloat4s) / count;
+    const int end = (p + 1) * static_cast<int>(kSlotFloat4s) / count;
+    for (int i0 = begin + tid; i0 < end; i0 += kThreads * kItems) {
+      float4 sum[kItems];
+#pragma unroll
+      for (int k = 0; k < kItems; ++k) sum[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      for (int sp0 = 0; sp0 < count; sp0 += kRound) {
+        float4 a[kRound][kItems];
+#pragma unroll
+        for (int r = 0; r < kRound; ++r)
+#pragma unroll
+          for (int k = 0; k < kItems; ++k) {
+            const int idx = i0 + k * kThreads;
+            a[r][k] = sp0 + r < count && idx < end ? __ldcg(tile_slots + (sp0 + r) * kSlotFloat4s + idx)
+                                                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+          }
+#pragma unroll
+        for (int r = 0; r < kRound; ++r)
+          if (sp0 + r < count)
+#pragma unroll
+            for (int k = 0; k < kItems; ++k) add_to(sum[k], a[r][k]);
+      }
+#pragma unroll
+      for (int k = 0; k < kItems; ++k)
+        if (i0 + k * kThreads < end) store_quad(i0 + k * kThreads, sum[k]);
+    }
+  };
+  if (tid == 0) {
+    int v = atomic_add_acq_rel_gpu(claims, 1);
+    if (v < count - 1) {
+      const uint64_t start = global_timer_ns();
+      for (;;) {
+        if (load_acquire_gpu(claims) >= count) {
+          v = atomic_add_acq_rel_gpu(claims, 1);
+          break;
+        }
+        if (global_timer_ns() - start > kFixupWaitNs) {
+          v = 2 * count;  // gave up: no part
+          break;
+        }
+        __nanosleep(32);
+      }
+    }
+    *part = v - (count - 1);
+  }
+  consumer_sync();
+  while (*part < count) {
+    sum_part(*part);
+    consumer_sync();  // every thread has read the part before thread 0 claims the next
+    if (tid == 0) *part = atomic_add_acq_rel_gpu(claims, 1) - (count - 1);
+    consumer_sync();
+  }
+  if (tid == 0 && atomic_add_acq_rel_gpu(departures, 1) == count - 1) {
+    *claims = 0;  // ready for the next call
+    *departures = 0;
+  }
+}
+#endif  // !__CUDA_ARCH__ || __CUDA_ARCH_FEAT_SM90_ALL
+
 // kScaleAfter (the 16-row tile, integer zero points, one scale group per
 // k-iteration or per channel: wgmma_scale_after_applies):
 // the A operands are the exact q - z (one LOP3 and one HSUB2/HFMA2 per
@@ -749,6 +874,12 @@ __global__ void __launch_bounds__(kCtaThreads<kMTile, kDense>, kMinCtasPerSm<kMT
       reinterpret_cast<float4*>(args.partial) + static_cast<int64_t>(slot_tile) * n_splits * kSlotFloat4s + tid;
   store_partial(slots + split * kSlotFloat4s);
   consumer_sync();  // every thread's partials are stored before thread 0's release
+  if constexpr (wgmma_shared_fixup_built(kMTile, kDense))
+    if (args.shared_fixup) {
+        wgmma_shared_fixup<T, kMTile, kProducer>(slots - tid, n_splits, counter, static_cast<T*>(args.y), args.ldy,
+                                               args.M, args.N, args.N_pad, (nb - wg) / 2, m0, &last_cta);
+      return;
+    }
   if (tid == 0) last_cta = atomic_add_acq_rel_gpu(counter, 1) == n_splits - 1;
   consumer_sync();
   if (!last_cta) return;

@@ -41,6 +41,11 @@ inline constexpr int kScaleAfterMaxRows = 16;
 // scale group per k-iteration (groups of 64+ rows or per channel), unless the
 // environment sets LOWBIT_WGMMA_SCALE_AFTER=0 (to measure without it).
 bool wgmma_scale_after_applies(int rows_per_tile, bool float_zero, int group_shift);
+// The kernels that hold the shared fix-up of K splits (W4A16Plan::shared_fixup):
+// the 64-row tile's two-CTA build, and the 128- and 256-row tiles.
+constexpr bool wgmma_shared_fixup_built(int rows_per_tile, bool dense) {
+  return (rows_per_tile == 64 && !dense) || rows_per_tile == 128 || rows_per_tile == 256;
+}
 // grid = (ceil(M / rows_per_tile), ceil(N_pad / 128), split_k), or with tail
 // tiles one CTA per whole tile plus tail_split per tail tile, or with
 // stream-K stream_k_ctas CTAs (tiles of kWgmmaMinTailRows+ rows as well).

@@ -1123,6 +1123,117 @@ TEST(W4A16Gemm, WgmmaTailTilesSplitAlongK) {
                                  {"tail_split"}));
 }
 
+// The shared fix-up of K splits (W4A16Plan::shared_fixup): the split CTAs
+// of a tile sum its partials together, each claiming parts. It must give the
+// bits of the last CTA's sum (the same order of additions) for uniform
+// splits and tail splits on every tile that holds it, odd N (a last column
+// tile with one 64-column block) and partial row tiles, and leave its
+// counters zero (a second call gives the same bits). Forced past one wave
+// (shared_fixup = 2), CTAs of the first wave wait for splits that cannot
+// start until they leave: their bounded wait must run out and the last CTA of
+// each tile sum what nobody claimed.
+TEST(W4A16Gemm, WgmmaSharedFixupGivesTheLastCtasBits) {
+  LOWBIT_REQUIRE_GPU();
+  if (!w4a16_wgmma_available()) GTEST_SKIP() << "no sm_90a device/build (WgmmaRunsOnComputeCapability9 checks)";
+  W4A16Workspace ws;
+  uint64_t seed = 400;
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    const ZeroKind kind = dtype == DType::f16 ? ZeroKind::asym : ZeroKind::float_min_f16;
+    const auto layer = test::random_layer(1280, 328, 128, kind, seed++);
+    const W4A16Weights w = W4A16Weights::prepare(layer, dtype);
+    for (int64_t M : {50, 100, 300}) {
+      const Problem p = make_problem(M, layer, dtype, seed++);
+      for (int rows : {64, 128, 256})
+        for (int split : {2, 3, 7, 16}) {
+          SCOPED_TRACE(testing::Message() << dtype_name(dtype) << " M=" << M << " rows " << rows << " split "
+                                          << split);
+          W4A16Options shared{W4A16Strategy::wgmma, split};
+          shared.rows_per_tile = rows;
+          W4A16Options alone = shared;
+          alone.shared_fixup = 1;
+          const int64_t ctas = (M + rows - 1) / rows * 3 * split;  // 328 columns: 3 column tiles
+          if (ctas <= cuda_device_info(0).sm_count)  // one CTA per SM at least: within one wave
+            EXPECT_TRUE(w4a16_plan(M, w, shared).shared_fixup);
+          ASSERT_FALSE(w4a16_plan(M, w, alone).shared_fixup);
+          const auto first = run_gpu(p, w, ws, shared);
+          EXPECT_TRUE(matches_reference(p, first));
+          EXPECT_EQ(run_gpu(p, w, ws, alone), first);
+          EXPECT_EQ(run_gpu(p, w, ws, shared), first);  // the counters were left zero
+        }
+    }
+  }
+  // Tail splits on 150 column tiles (the last with one 64-column block).
+  {
+    const auto layer = test::random_layer(384, 19100, 128, ZeroKind::asym, seed++);
+    const W4A16Weights w = W4A16Weights::prepare(layer, DType::f16);
+    const Problem p = make_problem(300, layer, DType::f16, seed++);
+    for (int rows : {64, 128, 256})
+      for (int tail_split : {2, 3}) {
+        SCOPED_TRACE(testing::Message() << "tail: rows " << rows << " tail split " << tail_split);
+        W4A16Options shared{W4A16Strategy::wgmma, 0};
+        shared.rows_per_tile = rows;
+        shared.tail_split = tail_split;
+        W4A16Options alone = shared;
+        alone.shared_fixup = 1;
+        const W4A16Plan plan = w4a16_plan(p.M, w, shared);
+        ASSERT_GT(plan.tail_tiles, 0);
+        // 256-row tiles: 300 tiles, a last wave of 300 - 2 x SMs, tail_split
+        // CTAs each: within one wave on an H100 / H200.
+        if (rows == 256 && plan.tail_tiles * plan.tail_split <= cuda_device_info(0).sm_count)
+          EXPECT_TRUE(plan.shared_fixup);
+        const auto first = run_gpu(p, w, ws, shared);
+        EXPECT_TRUE(matches_reference(p, first));
+        EXPECT_EQ(run_gpu(p, w, ws, alone), first);
+        EXPECT_EQ(run_gpu(p, w, ws, shared), first);
+      }
+  }
+  // Past one wave: 256-row tiles, one CTA per SM, 160 column tiles split 4
+  // ways (640 CTAs). The rule keeps the last CTA's sum; forced, the first
+  // wave's CTAs give up their waits.
+  {
+    const auto layer = test::random_layer(1024, 20480, 128, ZeroKind::sym, seed++);
+    const W4A16Weights w = W4A16Weights::prepare(layer, DType::f16);
+    const Problem p = make_problem(200, layer, DType::f16, seed++);
+    W4A16Options rule{W4A16Strategy::wgmma, 4};
+    rule.rows_per_tile = 256;
+    EXPECT_FALSE(w4a16_plan(p.M, w, rule).shared_fixup) << "640 waiting CTAs do not fit in one wave";
+    W4A16Options forced = rule;
+    forced.shared_fixup = 2;
+    ASSERT_TRUE(w4a16_plan(p.M, w, forced).shared_fixup);
+    const auto first = run_gpu(p, w, ws, rule);
+    EXPECT_TRUE(matches_reference(p, first));
+    EXPECT_EQ(run_gpu(p, w, ws, forced), first);
+    EXPECT_EQ(run_gpu(p, w, ws, forced), first);
+    EXPECT_EQ(run_gpu(p, w, ws, rule), first);
+  }
+  // Kernels without it (16-, 32-row tiles, the three-CTA 64-row build) and
+  // stream-K never share; bad values are named.
+  const auto layer = test::random_layer(1280, 328, 128, ZeroKind::asym, 1);
+  const W4A16Weights w = W4A16Weights::prepare(layer, DType::f16);
+  for (int rows : {16, 32}) {
+    W4A16Options o{W4A16Strategy::wgmma, 4};
+    o.rows_per_tile = rows;
+    o.shared_fixup = 2;
+    EXPECT_FALSE(w4a16_plan(rows, w, o).shared_fixup) << rows << " rows";
+  }
+  W4A16Options dense{W4A16Strategy::wgmma, 4};
+  dense.rows_per_tile = 64;
+  dense.wgmma_ctas_per_sm = 3;
+  dense.shared_fixup = 2;
+  EXPECT_FALSE(w4a16_plan(64, w, dense).shared_fixup);
+  W4A16Options stream_k{W4A16Strategy::wgmma, 0};
+  stream_k.rows_per_tile = 64;
+  stream_k.stream_k_ctas = 20;
+  stream_k.shared_fixup = 2;
+  const W4A16Plan sk = w4a16_plan(64, w, stream_k);
+  EXPECT_GT(sk.stream_k_ctas, 0);
+  EXPECT_FALSE(sk.shared_fixup);
+  W4A16Options bad{W4A16Strategy::wgmma, 0};
+  bad.shared_fixup = 3;
+  EXPECT_TRUE(test::throws_error([&] { (void)w4a16_plan(64, w, bad); }, ErrorKind::invalid_argument,
+                                 {"shared_fixup"}));
+}
+
 TEST(W4A16Gemm, WgmmaStreamKRangesAcrossTiles) {
   LOWBIT_REQUIRE_GPU();
   if (!w4a16_wgmma_available()) GTEST_SKIP() << "no sm_90a device/build (WgmmaRunsOnComputeCapability9 checks)";

@@ -97,6 +97,13 @@ void add_bench_command(CLI::App& app) {
                    "the plain auto row; sm_90a only)")
       ->delimiter(',')
       ->check(CLI::IsMember({1, 2}));
+  gemm->add_option("--shared-fixup", options.shared_fixups,
+                   "Also time auto with the K splits' fix-up of each tile set: 1 summed by the tile's last CTA "
+                   "alone, 0 the rule (shared by the tile's CTAs where all of them fit in one wave), 2 shared "
+                   "past one wave too (CTAs that wait for splits not yet resident give up after 20 us); points "
+                   "whose plan splits no tile along K are skipped; sm_90a only")
+      ->delimiter(',')
+      ->check(CLI::IsMember({0, 1, 2}));
   gemm->add_flag("--read-floor", options.read_floor,
                  "Also time, at M <= 64, a kernel that only reads as many bytes as the W4 weights and scales "
                  "(row read_floor): the most any W4A16 kernel could gain over cuBLAS under the same timing");

@@ -57,6 +57,10 @@ struct W4A16BenchOptions {
   // (1: one GEMM; 2: the rows past the last whole 256-row tile always as a
   // second one); only at M > 256 with such rows.
   std::vector<int> row_remainders;
+  // Extra rows "lowbit_auto_sf<V>": auto with W4A16Options::shared_fixup =
+  // V (1: the last CTA of a split tile sums its partials alone); only at
+  // points whose plan splits tiles along K without stream-K.
+  std::vector<int> shared_fixups;
   // Extra rows "read_floor" at M <= 64: a kernel that only reads as many
   // bytes as the W4 weights and scales, timed the same way: the ceiling of
   // any W4A16 kernel's speedup under this timer and flush.

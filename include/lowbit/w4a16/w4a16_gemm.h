@@ -189,6 +189,15 @@ struct W4A16Options {
   // w4a16_wave_rule.h). 0: the rule's choice; 1: never (one call); 2:
   // whenever M % 256 != 0. For tests and benchmark comparisons.
   int row_remainder = 0;
+  // wgmma only, K splits and tail tiles (not stream-K): the CTAs of a split
+  // tile sum its partials together, each a part of the tile, rather than
+  // its last CTA alone (W4A16Plan::shared_fixup). 0: the rule's choice,
+  // wherever every CTA that may wait fits in one wave of resident CTAs (on
+  // the 64-row two-CTA, 128- and 256-row kernels, which hold it); 1: never;
+  // 2: on those kernels also past one wave, where CTAs give up their bounded
+  // wait (slow; for the tests of that path). The same bits either way. For
+  // tests and benchmark comparisons.
+  int shared_fixup = 0;
   // x is [M, 2K]: a gate half then an up half, and the GEMM multiplies
   // silu(gate) * up, each rounded to the activation dtype (the values
   // ops::silu_mul stores), by the weights: a decode step's SiLU fused into
@@ -273,6 +282,10 @@ struct W4A16Plan {
   // their own (w4a16_plan(remainder_rows)); every field above is then the
   // plan of the first M - remainder_rows rows. 0: one GEMM.
   int64_t remainder_rows = 0;
+  // wgmma, K splits or tail tiles: the split CTAs of a tile wait for each
+  // other (a bounded wait) and share its fix-up; false: its last CTA sums
+  // the partials alone.
+  bool shared_fixup = false;
 };
 W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& options = {});
 
