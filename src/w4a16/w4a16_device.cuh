@@ -225,6 +225,16 @@ __device__ __forceinline__ int load_acquire_gpu(const int* p) {
   asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
+// The shared fix-up's departure count: a release (the CTA's reads of the
+// arrival counter come before it) whose result is used only after the sum,
+// so that its round trip overlaps the sum; the last CTA to leave then
+// fences (acquire side) before it zeroes the counters.
+__device__ __forceinline__ int atomic_add_release_gpu(int* p, int v) {
+  int old;
+  asm volatile("atom.release.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
+__device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
 // The device's nanosecond clock (%globaltimer; it advances in steps of up to
 // a microsecond): the wgmma kernel's shared fix-up bounds its waits with it.
 __device__ __forceinline__ uint64_t global_timer_ns() {

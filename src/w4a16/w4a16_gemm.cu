@@ -754,7 +754,9 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
                             : plan.tail_tiles > 0  ? plan.tail_tiles * plan.tail_split
                             : plan.split_k > 1     ? n_tiles * plan.split_k
                                                    : 0;
+    const int splits_per_tile = plan.tail_tiles > 0 ? plan.tail_split : plan.split_k;
     plan.shared_fixup = options.shared_fixup != 1 && waiting > 0 && (waiting <= wave || options.shared_fixup == 2) &&
+                        splits_per_tile <= w4a16_detail::kWgmmaSharedFixupMaxSplits &&
                         w4a16_detail::wgmma_shared_fixup_built(plan.rows_per_pass, plan.wgmma_dense);
     if (plan.stream_k_ctas == 0) {
       const int64_t row_tiles = (M + plan.rows_per_pass - 1) / plan.rows_per_pass;

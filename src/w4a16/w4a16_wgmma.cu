@@ -77,6 +77,13 @@ constexpr int kAhead = 3;
 // tile (shared_fixup in the kernel): far above the spread of their finishing
 // times in a grid that fits in one wave (a few us), short beside a hang.
 [[maybe_unused]] constexpr uint64_t kFixupWaitNs = 20000;
+// The shared fix-up's counter word: arrivals in the low bits, then one bit
+// per arrival index for a CTA that gave up its wait (up to
+// kWgmmaSharedFixupMaxSplits splits, w4a16_wgmma.h).
+[[maybe_unused]] constexpr int kFixupGaveUpShift = 6;
+[[maybe_unused]] constexpr int kFixupArrivalMask = (1 << kFixupGaveUpShift) - 1;
+static_assert(kFixupGaveUpShift + kWgmmaSharedFixupMaxSplits <= 31 && kWgmmaSharedFixupMaxSplits <= kFixupArrivalMask,
+              "the shared fix-up's counter holds its arrivals and give-up bits in one int");
 static_assert(kAhead < kStages - 1,
               "a warpgroup must be able to run ahead of the other by one slot at least");
 
@@ -298,17 +305,24 @@ constexpr int kCtaThreads = kThreads + (!kHasProducer<kMTile, kDense> ? 0 : kMTi
 // the tile's float4s, where otherwise the last CTA to arrive sums every slot
 // alone while the others exit. That sum is bound by one SM's L2 round trips:
 // 4 x 128 KB slots of the 256-row tile's tail took ~6 us on the critical
-// path of qwen3-o at 1024 rows (docs/w4a16-gemm.md, v45). Parts are claimed
-// on the tile's counter: the last CTA to arrive holds part 0 by its arrival
-// (counter values count - 1 + p claim part p), the others wait for every
-// arrival and claim parts until none is left. A wait is bounded
-// (kFixupWaitNs): a CTA that gives up claims nothing and leaves, so the last
-// CTA, which never waits, does whatever no one claimed, and no grid can
-// deadlock on CTAs that are not resident (the plan takes this path only where
-// all of them fit in one wave: there the bound is not reached). Each part is
-// summed split 0, 1, ... from 0.0f, add_partials' order: the same bits as the
-// last CTA's sum. The last CTA to leave (departures) zeroes both counters for
-// the next call.
+// path of qwen3-o at 1024 rows (docs/w4a16-gemm.md, v45).
+//
+// Parts follow the arrival order on the tile's counter, so that no CTA
+// spends a round trip on claiming one: the CTA that arrives v-th sums part
+// count - 1 - v, the last one part 0 without waiting. A wait is bounded
+// (kFixupWaitNs): a CTA that gives up sets its bit (kFixupGaveUpShift + v)
+// with a compare-and-swap against a value of fewer than count arrivals, so
+// it can only give up before the last arrival, and the last CTA, whose add
+// returns every such bit, sums those parts too. No grid can therefore
+// deadlock on CTAs that are not resident (the plan takes this path only
+// where all of them fit in one wave: there the bound is not reached). Each
+// part is summed split 0, 1, ... from 0.0f, add_partials' order: the same
+// bits as the last CTA's sum. The last CTA to leave (departures) zeroes both
+// counters for the next call; a CTA counts its departure once it has read
+// the counter for the last time, before its sum, so that the add's round
+// trip overlaps the sum instead of following it (v48: a claim loop with a
+// round trip per part and one after the sum lost 2-5% on 128-row grids of
+// two to four splits).
 //
 // Built into the kernels of wgmma_shared_fixup_built's tiles only: in the
 // 16-, 32- and dense 64-row kernels (thread 0 produces inside the K loop, at
@@ -317,13 +331,14 @@ constexpr int kCtaThreads = kThreads + (!kHasProducer<kMTile, kDense> ? 0 : kMTi
 // two-CTA 64-row loops did not change, the 128-row loop grew by 4. A 64-bit
 // division here (a call to a routine) had lengthened even those.
 template <typename T, int kMTile, bool kProducer>
-__device__ __forceinline__ void wgmma_shared_fixup(const float4* tile_slots, int count, int* claims, T* y, int64_t ldy,
-                                                int M, int N, int N_pad, int col_tile, int m0, int* part) {
+__device__ __forceinline__ void wgmma_shared_fixup(const float4* tile_slots, int count, int* arrivals, T* y,
+                                                int64_t ldy, int M, int N, int N_pad, int col_tile, int m0,
+                                                int* parts) {
   // Only values that the caller has in registers after its K loop anyway, or
   // reads from the kernel's parameters there: with the tile's column index or
   // its tile count passed in, the compiler kept them live through the loop.
   const int n_blocks = N_pad / 64;
-  int* departures = claims + (M + kMTile - 1) / kMTile * ((N_pad + 127) / 128);
+  int* departures = arrivals + (M + kMTile - 1) / kMTile * ((N_pad + 127) / 128);
   constexpr int64_t kSlotFloat4s = int64_t{kMTile / 8} * kThreads;  // kAcc / 4 quads per thread
   // Quads per thread and splits per round of loads: 16 loads in flight for
   // the 256-row tile, 8 for the others, as add_partials keeps.
@@ -382,32 +397,37 @@ __device__ __forceinline__ void wgmma_shared_fixup(const float4* tile_slots, int
     }
   };
   if (tid == 0) {
-    int v = atomic_add_acq_rel_gpu(claims, 1);
-    if (v < count - 1) {
+    const int seen = atomic_add_acq_rel_gpu(arrivals, 1);
+    const int v = seen & kFixupArrivalMask;
+    int mine = 0;  // bit p: this CTA sums part p
+    if (v == count - 1) {
+      mine = 1;
+      for (int gave_up = seen >> kFixupGaveUpShift; gave_up != 0; gave_up &= gave_up - 1)
+        mine |= 1 << (count - 1 - (__ffs(gave_up) - 1));
+    } else {
       const uint64_t start = global_timer_ns();
       for (;;) {
-        if (load_acquire_gpu(claims) >= count) {
-          v = atomic_add_acq_rel_gpu(claims, 1);
+        const int now = load_acquire_gpu(arrivals);
+        if ((now & kFixupArrivalMask) >= count) {
+          mine = 1 << (count - 1 - v);
           break;
         }
-        if (global_timer_ns() - start > kFixupWaitNs) {
-          v = 2 * count;  // gave up: no part
-          break;
-        }
+        if (global_timer_ns() - start > kFixupWaitNs &&
+            atomicCAS(arrivals, now, now | (1 << (kFixupGaveUpShift + v))) == now)
+          break;  // gave up before the last arrival, which now sums this part
         __nanosleep(32);
       }
     }
-    *part = v - (count - 1);
+    *parts = mine;
   }
   consumer_sync();
-  while (*part < count) {
-    sum_part(*part);
-    consumer_sync();  // every thread has read the part before thread 0 claims the next
-    if (tid == 0) *part = atomic_add_acq_rel_gpu(claims, 1) - (count - 1);
-    consumer_sync();
-  }
-  if (tid == 0 && atomic_add_acq_rel_gpu(departures, 1) == count - 1) {
-    *claims = 0;  // ready for the next call
+  // Thread 0's last read of the counter is done: its departure's round trip
+  // runs beside the sum (a release: the reads come before it).
+  const int departed = tid == 0 ? atomic_add_release_gpu(departures, 1) : 0;
+  for (int mine = *parts; mine != 0; mine &= mine - 1) sum_part(__ffs(mine) - 1);
+  if (tid == 0 && departed == count - 1) {
+    fence_acq_rel_gpu();  // after every other CTA's reads of the counter
+    *arrivals = 0;        // ready for the next call
     *departures = 0;
   }
 }

@@ -43,6 +43,9 @@ inline constexpr int kScaleAfterMaxRows = 16;
 bool wgmma_scale_after_applies(int rows_per_tile, bool float_zero, int group_shift);
 // The kernels that hold the shared fix-up of K splits (W4A16Plan::shared_fixup):
 // the 64-row tile's two-CTA build, and the 128- and 256-row tiles.
+// At most kWgmmaSharedFixupMaxSplits K splits per tile (its counter word
+// holds a bit per split).
+constexpr int kWgmmaSharedFixupMaxSplits = 24;
 constexpr bool wgmma_shared_fixup_built(int rows_per_tile, bool dense) {
   return (rows_per_tile == 64 && !dense) || rows_per_tile == 128 || rows_per_tile == 256;
 }

@@ -1124,14 +1124,14 @@ TEST(W4A16Gemm, WgmmaTailTilesSplitAlongK) {
 }
 
 // The shared fix-up of K splits (W4A16Plan::shared_fixup): the split CTAs
-// of a tile sum its partials together, each claiming parts. It must give the
+// of a tile sum its partials together, a part each. It must give the
 // bits of the last CTA's sum (the same order of additions) for uniform
 // splits and tail splits on every tile that holds it, odd N (a last column
 // tile with one 64-column block) and partial row tiles, and leave its
 // counters zero (a second call gives the same bits). Forced past one wave
 // (shared_fixup = 2), CTAs of the first wave wait for splits that cannot
 // start until they leave: their bounded wait must run out and the last CTA of
-// each tile sum what nobody claimed.
+// each tile sum the parts of those that gave up.
 TEST(W4A16Gemm, WgmmaSharedFixupGivesTheLastCtasBits) {
   LOWBIT_REQUIRE_GPU();
   if (!w4a16_wgmma_available()) GTEST_SKIP() << "no sm_90a device/build (WgmmaRunsOnComputeCapability9 checks)";
