@@ -185,8 +185,12 @@ void run_w4a16_gemm_benchmark(const W4A16BenchOptions& options) {
       for (int v : options.shared_fixups) {
         W4A16Options o{W4A16Strategy::automatic, 0};
         o.shared_fixup = v;
-        const W4A16Plan p = w4a16_plan(M, w, o);
-        if (p.strategy != W4A16Strategy::wgmma || p.stream_k_ctas > 0 || (p.split_k == 1 && p.tail_tiles == 0))
+        // Only where the option changes auto's plan: the fix-up, or (v = 1 on
+        // 64- and 128-row tiles) the short-K stream-K that a split without
+        // the shared fix-up keeps.
+        const W4A16Plan p = w4a16_plan(M, w, o), chosen = w4a16_plan(M, w);
+        if (p.strategy != W4A16Strategy::wgmma ||
+            (p.shared_fixup == chosen.shared_fixup && p.stream_k_ctas == chosen.stream_k_ctas))
           continue;
         configs.emplace_back("lowbit_auto_sf" + std::to_string(v), o);
       }

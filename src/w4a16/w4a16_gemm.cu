@@ -628,7 +628,7 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
         const bool stream_k = options.split_k <= 0 && tiles < wave &&
                               choose_wgmma_stream_k(tiles, wave, iters, wgmma_uniform_split(tiles, wave, iters),
                                                     (M + rows - 1) / rows * rows, rows, options.stream_k_ctas,
-                                                    M * w.K_padded() * 2, l2_bytes(w.device())) > 0;
+                                                    M * w.K_padded() * 2, l2_bytes(w.device()), false) > 0;
         if (filled < 0.75 && !tail && !stream_k) plan.strategy = W4A16Strategy::decoupled;
       }
       // M = 256 q + r: the r rows past the last whole 256-row tile as a GEMM
@@ -726,9 +726,15 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
     // over a wave or more of tiles, in place of the tail split.
     if (options.split_k <= 0 && plan.rows_per_pass >= w4a16_detail::kWgmmaMinTailRows &&
         (n_tiles < wave || options.stream_k_ctas >= 2) && options.stream_k_ctas != 1) {
-      plan.stream_k_ctas = choose_wgmma_stream_k(n_tiles, wave, iters, wgmma_uniform_split(n_tiles, wave, iters),
-                                                 M, plan.rows_per_pass, options.stream_k_ctas,
-                                                 M * w.K_padded() * 2, l2_bytes(w.device()));
+      // On 64- and 128-row tiles a uniform split that shares its fix-up
+      // beats the short-K stream-K (choose_wgmma_stream_k, v48).
+      const int64_t uniform = wgmma_uniform_split(n_tiles, wave, iters);
+      const bool split_shares_fixup = options.shared_fixup != 1 && plan.rows_per_pass < 256 &&
+                                      uniform <= w4a16_detail::kWgmmaSharedFixupMaxSplits &&
+                                      w4a16_detail::wgmma_shared_fixup_built(plan.rows_per_pass, plan.wgmma_dense);
+      plan.stream_k_ctas = choose_wgmma_stream_k(n_tiles, wave, iters, uniform, M, plan.rows_per_pass,
+                                                 options.stream_k_ctas, M * w.K_padded() * 2, l2_bytes(w.device()),
+                                                 split_shares_fixup);
       if (plan.stream_k_ctas > 0) {
         choice = 1;
         plan.tail_tiles = 0;

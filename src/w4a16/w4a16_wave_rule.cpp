@@ -26,7 +26,8 @@ WgmmaTailSplit choose_wgmma_tail(int64_t tiles, int64_t wave, int iters, int for
 }
 
 int64_t choose_wgmma_stream_k(int64_t tiles, int64_t wave, int iters, int64_t uniform_split, int64_t rows,
-                              int tile_rows, int64_t forced, int64_t x_bytes, int64_t l2_bytes) {
+                              int tile_rows, int64_t forced, int64_t x_bytes, int64_t l2_bytes,
+                              bool split_shares_fixup) {
   LOWBIT_CHECK_ARG(tiles >= 1, "tiles", tiles, "at least 1");
   LOWBIT_CHECK_ARG(wave >= 1, "wave", wave, "at least 1");
   LOWBIT_CHECK_ARG(iters >= 1, "iters", iters, "at least 1");
@@ -49,7 +50,7 @@ int64_t choose_wgmma_stream_k(int64_t tiles, int64_t wave, int iters, int64_t un
   const double stream_k = static_cast<double>((total + wave - 1) / wave) + 2.0 * kTailFixupIters;
   const double uniform = static_cast<double>((iters + uniform_split - 1) / uniform_split);
   if (stream_k <= kStreamKGain * uniform) return std::min(wave, total);
-  if (iters <= kStreamKShortIters && uniform_split >= 2)
+  if (iters <= kStreamKShortIters && uniform_split >= 2 && !split_shares_fixup)
     return tiles * (uniform_split >= 6 ? (uniform_split + 1) / 2 : uniform_split);
   return 0;
 }

@@ -69,18 +69,18 @@ TEST(W4A16WaveRule, StreamKWhereTheUniformSplitLeavesTheWaveIdle) {
   // SMs busy. Stream-K gives every SM ceil(80 x 80 / 132) = 49 k-iterations
   // of Qwen3-14B's o projection (+3 for its fix-up, against 80), and 165 of
   // the down projection's 272 (x: 512 x 17408 in 16 bits, 18 MB).
-  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 80, 1, 512, 256, 0, kX, kL2), 132);
-  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 272, 1, 512, 256, 0, 512 * 17408 * 2, kL2), 132);
+  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 80, 1, 512, 256, 0, kX, kL2, false), 132);
+  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 272, 1, 512, 256, 0, 512 * 17408 * 2, kL2, false), 132);
   // Where the uniform split already fills the wave, no spreading over the
   // wave: 112 tiles (qwen3-qkv at 512 rows): 68 + 3 against 80, 89%, not
   // enough. (64 tiles split 2, sq4096 at 512 rows, 32 against 32 + 3, run
   // their split as stream-K: short K, below.)
-  EXPECT_EQ(choose_wgmma_stream_k(112, 132, 80, 1, 512, 256, 0, kX, kL2), 0);
+  EXPECT_EQ(choose_wgmma_stream_k(112, 132, 80, 1, 512, 256, 0, kX, kL2, false), 0);
   // Long K (256+ k-iterations): the uniform split stays (sq16384 at 64 rows,
   // qwen3-down at 128, llama70-down at 64).
-  EXPECT_EQ(choose_wgmma_stream_k(128, 264, 256, 2, 128, 128, 0, kX, kL2), 0);
-  EXPECT_EQ(choose_wgmma_stream_k(40, 264, 272, 6, 128, 128, 0, kX, kL2), 0);
-  EXPECT_EQ(choose_wgmma_stream_k(64, 264, 448, 4, 128, 128, 0, kX, kL2), 0);
+  EXPECT_EQ(choose_wgmma_stream_k(128, 264, 256, 2, 128, 128, 0, kX, kL2, false), 0);
+  EXPECT_EQ(choose_wgmma_stream_k(40, 264, 272, 6, 128, 128, 0, kX, kL2, false), 0);
+  EXPECT_EQ(choose_wgmma_stream_k(64, 264, 448, 4, 128, 128, 0, kX, kL2, false), 0);
 }
 
 TEST(W4A16WaveRule, ShortKRunsTheUniformSplitAsStreamK) {
@@ -88,76 +88,87 @@ TEST(W4A16WaveRule, ShortKRunsTheUniformSplitAsStreamK) {
   // qwen3-o at 256 rows (40 tiles, S = 3), sq8192 at 128 rows (64 tiles of
   // 128 k-iterations, S = 4), sq4096 at 128 rows (32 tiles, S = 8 -> 4),
   // qwen3-o at 128 rows (40 tiles, S = 6 -> 3).
-  EXPECT_EQ(choose_wgmma_stream_k(40, 132, 80, 3, 256, 256, 0, kX, kL2), 120);
-  EXPECT_EQ(choose_wgmma_stream_k(64, 264, 128, 4, 128, 128, 0, kX, kL2), 256);
-  EXPECT_EQ(choose_wgmma_stream_k(32, 264, 64, 8, 128, 128, 0, kX, kL2), 128);
-  EXPECT_EQ(choose_wgmma_stream_k(40, 264, 80, 6, 128, 128, 0, kX, kL2), 120);
+  EXPECT_EQ(choose_wgmma_stream_k(40, 132, 80, 3, 256, 256, 0, kX, kL2, false), 120);
+  EXPECT_EQ(choose_wgmma_stream_k(64, 264, 128, 4, 128, 128, 0, kX, kL2, false), 256);
+  EXPECT_EQ(choose_wgmma_stream_k(32, 264, 64, 8, 128, 128, 0, kX, kL2, false), 128);
+  EXPECT_EQ(choose_wgmma_stream_k(40, 264, 80, 6, 128, 128, 0, kX, kL2, false), 120);
+  // Where the uniform split shares its fix-up (64- and 128-row tiles, since
+  // v48) this clause keeps the uniform split: the same four points, and
+  // qwen3-qkv at 64 rows (56 tiles on the two-CTA build's 264, S = 4).
+  EXPECT_EQ(choose_wgmma_stream_k(64, 264, 128, 4, 128, 128, 0, kX, kL2, true), 0);
+  EXPECT_EQ(choose_wgmma_stream_k(32, 264, 64, 8, 128, 128, 0, kX, kL2, true), 0);
+  EXPECT_EQ(choose_wgmma_stream_k(40, 264, 80, 6, 128, 128, 0, kX, kL2, true), 0);
+  EXPECT_EQ(choose_wgmma_stream_k(56, 264, 80, 4, 64, 64, 0, kX, kL2, true), 0);
+  // It does not touch the other clauses: stream-K over the wave where the
+  // cost test says so, and forced counts.
+  EXPECT_EQ(choose_wgmma_stream_k(3, 132, 10, 1, 256, 256, 0, kX, kL2, true), 30);
+  EXPECT_EQ(choose_wgmma_stream_k(64, 264, 128, 4, 128, 128, 100, kX, kL2, true), 100);
   // S = 2 (since v45): sq8192 at 256 rows (64 tiles of 128 k-iterations),
   // qwen3-qkv at 160 rows (56 tiles of 80), sq4096 at 512 rows (64 tiles of
   // 64).
-  EXPECT_EQ(choose_wgmma_stream_k(64, 132, 128, 2, 256, 256, 0, kX, kL2), 128);
-  EXPECT_EQ(choose_wgmma_stream_k(56, 132, 80, 2, 160, 256, 0, kX, kL2), 112);
-  EXPECT_EQ(choose_wgmma_stream_k(64, 132, 64, 2, 512, 256, 0, kX, kL2), 128);
+  EXPECT_EQ(choose_wgmma_stream_k(64, 132, 128, 2, 256, 256, 0, kX, kL2, false), 128);
+  EXPECT_EQ(choose_wgmma_stream_k(56, 132, 80, 2, 160, 256, 0, kX, kL2, false), 112);
+  EXPECT_EQ(choose_wgmma_stream_k(64, 132, 64, 2, 512, 256, 0, kX, kL2, false), 128);
   // S = 1 keeps the uniform split (no fix-up at all); so does K of 129+
   // k-iterations at any S.
-  EXPECT_EQ(choose_wgmma_stream_k(120, 132, 80, 1, 768, 256, 0, kX, kL2), 0);
-  EXPECT_EQ(choose_wgmma_stream_k(32, 264, 129, 8, 128, 128, 0, kX, kL2), 0);
-  EXPECT_EQ(choose_wgmma_stream_k(64, 132, 129, 2, 256, 256, 0, kX, kL2), 0);
+  EXPECT_EQ(choose_wgmma_stream_k(120, 132, 80, 1, 768, 256, 0, kX, kL2, false), 0);
+  EXPECT_EQ(choose_wgmma_stream_k(32, 264, 129, 8, 128, 128, 0, kX, kL2, false), 0);
+  EXPECT_EQ(choose_wgmma_stream_k(64, 132, 129, 2, 256, 256, 0, kX, kL2, false), 0);
   // x beyond half of L2: none.
-  EXPECT_EQ(choose_wgmma_stream_k(32, 264, 64, 8, 128, 128, 0, kL2, kL2), 0);
+  EXPECT_EQ(choose_wgmma_stream_k(32, 264, 64, 8, 128, 128, 0, kL2, kL2, false), 0);
   // A wave or more: the tail rule's domain.
-  EXPECT_EQ(choose_wgmma_stream_k(132, 132, 80, 1, 256, 256, 0, kX, kL2), 0);
-  EXPECT_EQ(choose_wgmma_stream_k(160, 132, 80, 1, 1024, 256, 0, kX, kL2), 0);
+  EXPECT_EQ(choose_wgmma_stream_k(132, 132, 80, 1, 256, 256, 0, kX, kL2, false), 0);
+  EXPECT_EQ(choose_wgmma_stream_k(160, 132, 80, 1, 1024, 256, 0, kX, kL2, false), 0);
   // Fewer k-iterations in all than the wave: one CTA per k-iteration.
-  EXPECT_EQ(choose_wgmma_stream_k(3, 132, 10, 1, 256, 256, 0, kX, kL2), 30);
+  EXPECT_EQ(choose_wgmma_stream_k(3, 132, 10, 1, 256, 256, 0, kX, kL2, false), 30);
 }
 
 TEST(W4A16WaveRule, ShortKNoStreamKWhenTheLastOfSeveralSmallRowTilesIsLessThanThreeQuartersFull) {
   // 256-row tiles (since v46, with the last row tile's box of real rows):
   // qwen3-o's 80 tiles take stream-K over the wave however full the second
   // row tile, sq4096's S = 2 runs as stream-K.
-  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 80, 1, 448, 256, 0, kX, kL2), 132);
-  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 80, 1, 447, 256, 0, kX, kL2), 132);
-  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 80, 1, 400, 256, 0, kX, kL2), 132);
-  EXPECT_EQ(choose_wgmma_stream_k(64, 132, 64, 2, 400, 256, 0, kX, kL2), 128);
-  EXPECT_EQ(choose_wgmma_stream_k(64, 132, 64, 2, 480, 256, 0, kX, kL2), 128);
+  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 80, 1, 448, 256, 0, kX, kL2, false), 132);
+  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 80, 1, 447, 256, 0, kX, kL2, false), 132);
+  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 80, 1, 400, 256, 0, kX, kL2, false), 132);
+  EXPECT_EQ(choose_wgmma_stream_k(64, 132, 64, 2, 400, 256, 0, kX, kL2, false), 128);
+  EXPECT_EQ(choose_wgmma_stream_k(64, 132, 64, 2, 480, 256, 0, kX, kL2, false), 128);
   // The cost test still keeps qwen3-qkv's 112 tiles off it.
-  EXPECT_EQ(choose_wgmma_stream_k(112, 132, 80, 1, 400, 256, 0, kX, kL2), 0);
+  EXPECT_EQ(choose_wgmma_stream_k(112, 132, 80, 1, 400, 256, 0, kX, kL2, false), 0);
   // 128-row tiles: not with a last row tile under three quarters full
   // (qwen3-o at 288 / 320 rows: three row tiles of 128, 120 tiles on a
   // two-CTA wave of 264), from there on yes.
-  EXPECT_EQ(choose_wgmma_stream_k(120, 264, 80, 2, 288, 128, 0, kX, kL2), 0);
-  EXPECT_EQ(choose_wgmma_stream_k(120, 264, 80, 2, 320, 128, 0, kX, kL2), 0);
-  EXPECT_GT(choose_wgmma_stream_k(120, 264, 80, 2, 384, 128, 0, kX, kL2), 0);
+  EXPECT_EQ(choose_wgmma_stream_k(120, 264, 80, 2, 288, 128, 0, kX, kL2, false), 0);
+  EXPECT_EQ(choose_wgmma_stream_k(120, 264, 80, 2, 320, 128, 0, kX, kL2, false), 0);
+  EXPECT_GT(choose_wgmma_stream_k(120, 264, 80, 2, 384, 128, 0, kX, kL2, false), 0);
   // One row tile, however full: stream-K (qwen3-o at 129 rows, S = 3).
-  EXPECT_EQ(choose_wgmma_stream_k(40, 132, 80, 3, 129, 256, 0, kX, kL2), 120);
+  EXPECT_EQ(choose_wgmma_stream_k(40, 132, 80, 3, 129, 256, 0, kX, kL2, false), 120);
   // Forced stream-K ignores the fill; long K (qwen3-down, 272 k-iterations)
   // keeps stream-K whatever the fill.
-  EXPECT_EQ(choose_wgmma_stream_k(120, 264, 80, 2, 288, 128, 264, kX, kL2), 264);
-  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 272, 1, 320, 256, 0, 320 * 17408 * 2, kL2), 132);
+  EXPECT_EQ(choose_wgmma_stream_k(120, 264, 80, 2, 288, 128, 264, kX, kL2, false), 264);
+  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 272, 1, 320, 256, 0, 320 * 17408 * 2, kL2, false), 132);
 }
 
 TEST(W4A16WaveRule, NoStreamKWhenXOutgrowsHalfOfL2) {
   // The same 80 tiles with x of 29 MB (K = 28672 at 512 rows): the
   // CTAs spread over K would re-read x from HBM.
-  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 448, 1, 512, 256, 0, int64_t{512} * 28672 * 2, kL2), 0);
-  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 400, 1, 512, 256, 0, kL2 / 2, kL2), 132);
+  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 448, 1, 512, 256, 0, int64_t{512} * 28672 * 2, kL2, false), 0);
+  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 400, 1, 512, 256, 0, kL2 / 2, kL2, false), 132);
   // Forcing ignores the size of x.
-  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 448, 1, 512, 256, 132, int64_t{512} * 28672 * 2, kL2), 132);
+  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 448, 1, 512, 256, 132, int64_t{512} * 28672 * 2, kL2, false), 132);
 }
 
 TEST(W4A16WaveRule, ForcedStreamK) {
-  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 80, 1, 512, 256, 1, kX, kL2), 0);
-  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 80, 1, 512, 256, 100, kX, kL2), 100);
+  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 80, 1, 512, 256, 1, kX, kL2, false), 0);
+  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 80, 1, 512, 256, 100, kX, kL2, false), 100);
   // Fewer CTAs than tiles (ranges of several tiles); at most one CTA per
   // k-iteration.
-  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 80, 1, 512, 256, 2, kX, kL2), 2);
-  EXPECT_EQ(choose_wgmma_stream_k(3, 132, 10, 1, 256, 256, 1000, kX, kL2), 30);
+  EXPECT_EQ(choose_wgmma_stream_k(80, 132, 80, 1, 512, 256, 2, kX, kL2, false), 2);
+  EXPECT_EQ(choose_wgmma_stream_k(3, 132, 10, 1, 256, 256, 1000, kX, kL2, false), 30);
   // Even where the rule says no, a wave or more of tiles included, which
   // the rule never runs as stream-K.
-  EXPECT_EQ(choose_wgmma_stream_k(64, 132, 64, 2, 512, 256, 132, kX, kL2), 132);
-  EXPECT_EQ(choose_wgmma_stream_k(160, 132, 80, 1, 1024, 256, 132, kX, kL2), 132);
-  EXPECT_EQ(choose_wgmma_stream_k(160, 132, 80, 1, 1024, 256, 0, kX, kL2), 0);
+  EXPECT_EQ(choose_wgmma_stream_k(64, 132, 64, 2, 512, 256, 132, kX, kL2, false), 132);
+  EXPECT_EQ(choose_wgmma_stream_k(160, 132, 80, 1, 1024, 256, 132, kX, kL2, false), 132);
+  EXPECT_EQ(choose_wgmma_stream_k(160, 132, 80, 1, 1024, 256, 0, kX, kL2, false), 0);
 }
 
 TEST(W4A16WaveRule, TileRowsHoldMAndTake128RowsForThinGridsUpTo384) {
@@ -283,7 +294,7 @@ TEST(W4A16WaveRule, RowRemainderRejectsBadArguments) {
 TEST(W4A16WaveRule, StreamKRejectsBadArguments) {
   auto call = [](int64_t tiles, int64_t wave, int iters, int64_t uniform, int64_t rows, int tile_rows, int64_t forced,
                  int64_t x, int64_t l2) {
-    return [=] { choose_wgmma_stream_k(tiles, wave, iters, uniform, rows, tile_rows, forced, x, l2); };
+    return [=] { choose_wgmma_stream_k(tiles, wave, iters, uniform, rows, tile_rows, forced, x, l2, false); };
   };
   EXPECT_TRUE(test::throws_error(call(0, 132, 80, 1, 256, 256, 0, kX, kL2), ErrorKind::invalid_argument, "tiles"));
   EXPECT_TRUE(test::throws_error(call(10, 0, 80, 1, 256, 256, 0, kX, kL2), ErrorKind::invalid_argument, "wave"));

@@ -99,9 +99,10 @@ void add_bench_command(CLI::App& app) {
       ->check(CLI::IsMember({1, 2}));
   gemm->add_option("--shared-fixup", options.shared_fixups,
                    "Also time auto with the K splits' fix-up of each tile set: 1 summed by the tile's last CTA "
-                   "alone, 0 the rule (shared by the tile's CTAs where all of them fit in one wave), 2 shared "
-                   "past one wave too (CTAs that wait for splits not yet resident give up after 20 us); points "
-                   "whose plan splits no tile along K are skipped; sm_90a only")
+                   "alone (and short K on 64- and 128-row tiles as stream-K, the choice without it), 0 the rule "
+                   "(shared by the tile's CTAs where all of them fit in one wave), 2 shared past one wave too "
+                   "(CTAs that wait for splits not yet resident give up after 20 us); points where the value "
+                   "does not change auto's plan are skipped; sm_90a only")
       ->delimiter(',')
       ->check(CLI::IsMember({0, 1, 2}));
   gemm->add_flag("--read-floor", options.read_floor,

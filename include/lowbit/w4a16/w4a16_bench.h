@@ -58,8 +58,9 @@ struct W4A16BenchOptions {
   // second one); only at M > 256 with such rows.
   std::vector<int> row_remainders;
   // Extra rows "lowbit_auto_sf<V>": auto with W4A16Options::shared_fixup =
-  // V (1: the last CTA of a split tile sums its partials alone); only at
-  // points whose plan splits tiles along K without stream-K.
+  // V (1: the last CTA of a split tile sums its partials alone, and short K
+  // on 64- and 128-row tiles runs stream-K again); only at points where V
+  // changes auto's plan.
   std::vector<int> shared_fixups;
   // Extra rows "read_floor" at M <= 64: a kernel that only reads as many
   // bytes as the W4 weights and scales, timed the same way: the ceiling of

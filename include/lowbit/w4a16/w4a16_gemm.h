@@ -193,10 +193,12 @@ struct W4A16Options {
   // tile sum its partials together, each a part of the tile, rather than
   // its last CTA alone (W4A16Plan::shared_fixup). 0: the rule's choice,
   // wherever every CTA that may wait fits in one wave of resident CTAs (on
-  // the 64-row two-CTA, 128- and 256-row kernels, which hold it); 1: never;
+  // the 64-row two-CTA, 128- and 256-row kernels, which hold it), and there
+  // short K on 64- and 128-row tiles takes the uniform split rather than
+  // stream-K (choose_wgmma_stream_k); 1: never (and that stream-K again);
   // 2: on those kernels also past one wave, where CTAs give up their bounded
-  // wait (slow; for the tests of that path). The same bits either way. For
-  // tests and benchmark comparisons.
+  // wait (slow; for the tests of that path). The same bits as the last CTA's
+  // sum of the same split. For tests and benchmark comparisons.
   int shared_fixup = 0;
   // x is [M, 2K]: a gate half then an up half, and the GEMM multiplies
   // silu(gate) * up, each rounded to the activation dtype (the values

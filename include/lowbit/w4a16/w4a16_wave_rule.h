@@ -97,6 +97,18 @@ WgmmaTailSplit choose_wgmma_tail(int64_t tiles, int64_t wave, int iters, int for
 // k-iterations, where stream-K cuts each CTA's range from 272 to 165) was
 // not measured so and keeps stream-K.
 //
+// Where the uniform split's K splits share their fix-up (split_shares_fixup:
+// W4A16Plan::shared_fixup on 64- and 128-row tiles, since v48), the short-K
+// clause keeps the uniform split: its CTAs then sum the tile's partials a
+// part each, and on an H200 (v48, one lease, three rounds, medians) that beat
+// this clause's stream-K on 128-row tiles by 0.5-10% (sq4096 21.0 -> 20.9 us,
+// sq8192 40.8 -> 38.1, qwen3-qkv 32.0 -> 28.8, qwen3-o 27.5 -> 24.9) and on
+// 64-row tiles by -2..+5% (sq4096 16.7 -> 17.0, sq8192 31.3 -> 30.0,
+// qwen3-qkv 23.9 -> 22.8, qwen3-o 20.1 -> 20.2). On 256-row tiles, which
+// hold the shared fix-up too, stream-K stayed ahead at S = 2-3 (sq8192 56.0
+// against 58.7 us, qwen3-qkv 40.5 against 42.5, qwen3-o 34.3 against 34.9;
+// sq4096's S = 4 27.4 against 28.1), so their callers pass false.
+//
 // uniform_split: wgmma_uniform_split below. Returns G (the CTAs), or 0 for none. forced >= 2: that many CTAs, at
 // most T x iters (at least one k-iteration per CTA), whatever T against W, the
 // size of x or the last row tile's fill (fewer CTAs than tiles: ranges longer
@@ -105,7 +117,8 @@ WgmmaTailSplit choose_wgmma_tail(int64_t tiles, int64_t wave, int iters, int for
 // for tiles, wave, iters, uniform_split, rows or tile_rows < 1, more row
 // tiles than tiles, forced < 0, x_bytes < 0 or l2_bytes < 1.
 int64_t choose_wgmma_stream_k(int64_t tiles, int64_t wave, int iters, int64_t uniform_split, int64_t rows,
-                              int tile_rows, int64_t forced, int64_t x_bytes, int64_t l2_bytes);
+                              int tile_rows, int64_t forced, int64_t x_bytes, int64_t l2_bytes,
+                              bool split_shares_fixup);
 inline constexpr double kStreamKGain = 0.85;
 inline constexpr int kStreamKShortIters = 128;
 
