@@ -53,7 +53,7 @@ struct TiledGemmArgs {
   int stream_k_ctas;
   // wgmma K splits and tail tiles (not stream-K): the splits of a tile share
   // its fix-up (W4A16Plan::shared_fixup): counters then holds two ints per
-  // tile, [0, tiles) the arrivals and claimed parts, [tiles, 2 tiles) the
+  // tile, [0, tiles) the arrivals and give-up bits, [tiles, 2 tiles) the
   // departures.
   bool shared_fixup;
   // wgmma without stream-K: the tiles are handed out in groups of this many
