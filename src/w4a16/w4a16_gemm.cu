@@ -712,6 +712,12 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
     }
     const int64_t wave =
         static_cast<int64_t>(w4a16_detail::wgmma_ctas_per_sm(plan.rows_per_pass, bf16, plan.wgmma_dense)) * sms;
+    // Whether a tile of this many K splits may share its fix-up (allowed,
+    // built into this kernel, within the counter word's bits).
+    auto fixup_shareable = [&](int64_t splits) {
+      return options.shared_fixup != 1 && splits <= w4a16_detail::kWgmmaSharedFixupMaxSplits &&
+             w4a16_detail::wgmma_shared_fixup_built(plan.rows_per_pass, plan.wgmma_dense);
+    };
     const bool tail_rule = options.split_k <= 0 && options.tail_split != 1 &&
                            plan.rows_per_pass >= w4a16_detail::kWgmmaMinTailRows;
     int64_t choice = options.split_k;
@@ -729,9 +735,7 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
       // On 64- and 128-row tiles a uniform split that shares its fix-up
       // beats the short-K stream-K (choose_wgmma_stream_k, v48).
       const int64_t uniform = wgmma_uniform_split(n_tiles, wave, iters);
-      const bool split_shares_fixup = options.shared_fixup != 1 && plan.rows_per_pass < 256 &&
-                                      uniform <= w4a16_detail::kWgmmaSharedFixupMaxSplits &&
-                                      w4a16_detail::wgmma_shared_fixup_built(plan.rows_per_pass, plan.wgmma_dense);
+      const bool split_shares_fixup = plan.rows_per_pass < 256 && fixup_shareable(uniform);
       plan.stream_k_ctas = choose_wgmma_stream_k(n_tiles, wave, iters, uniform, M, plan.rows_per_pass,
                                                  options.stream_k_ctas, M * w.K_padded() * 2, l2_bytes(w.device()),
                                                  split_shares_fixup);
@@ -761,9 +765,8 @@ W4A16Plan w4a16_plan(int64_t M, const W4A16Weights& w, const W4A16Options& optio
                             : plan.split_k > 1     ? n_tiles * plan.split_k
                                                    : 0;
     const int splits_per_tile = plan.tail_tiles > 0 ? plan.tail_split : plan.split_k;
-    plan.shared_fixup = options.shared_fixup != 1 && waiting > 0 && (waiting <= wave || options.shared_fixup == 2) &&
-                        splits_per_tile <= w4a16_detail::kWgmmaSharedFixupMaxSplits &&
-                        w4a16_detail::wgmma_shared_fixup_built(plan.rows_per_pass, plan.wgmma_dense);
+    plan.shared_fixup =
+        waiting > 0 && (waiting <= wave || options.shared_fixup == 2) && fixup_shareable(splits_per_tile);
     if (plan.stream_k_ctas == 0) {
       const int64_t row_tiles = (M + plan.rows_per_pass - 1) / plan.rows_per_pass;
       const int64_t x_tile_bytes = static_cast<int64_t>(plan.rows_per_pass) * w.K_padded() * 2;

@@ -93,8 +93,9 @@ TEST(W4A16WaveRule, ShortKRunsTheUniformSplitAsStreamK) {
   EXPECT_EQ(choose_wgmma_stream_k(32, 264, 64, 8, 128, 128, 0, kX, kL2, false), 128);
   EXPECT_EQ(choose_wgmma_stream_k(40, 264, 80, 6, 128, 128, 0, kX, kL2, false), 120);
   // Where the uniform split shares its fix-up (64- and 128-row tiles, since
-  // v48) this clause keeps the uniform split: the same four points, and
-  // qwen3-qkv at 64 rows (56 tiles on the two-CTA build's 264, S = 4).
+  // v48) this clause keeps the uniform split: the three 128-row points
+  // above, and qwen3-qkv at 64 rows (56 tiles on the two-CTA build's 264,
+  // S = 4).
   EXPECT_EQ(choose_wgmma_stream_k(64, 264, 128, 4, 128, 128, 0, kX, kL2, true), 0);
   EXPECT_EQ(choose_wgmma_stream_k(32, 264, 64, 8, 128, 128, 0, kX, kL2, true), 0);
   EXPECT_EQ(choose_wgmma_stream_k(40, 264, 80, 6, 128, 128, 0, kX, kL2, true), 0);
