@@ -147,6 +147,19 @@ TEST(Cli, MalformedFileExitsOneAndNamesTheFile) {
   EXPECT_NE(r.output.find("header"), std::string::npos) << r.output;
 }
 
+// A corrupt .gguf file is reported as a GGUF file (its magic), not as a
+// safetensors file, whatever its first bytes.
+TEST(Cli, MalformedGgufIsReportedAsGguf) {
+  TempDir tmp;
+  const fs::path bad = tmp.path() / "broken.gguf";
+  std::ofstream(bad, std::ios::binary) << std::string("garbage, not a model\n");
+  const RunResult r = run_lowbit("inspect " + bad.string());
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("broken.gguf"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("GGUF"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("safetensors"), std::string::npos) << r.output;
+}
+
 TEST(Cli, QuantizeInspectDequantizeRoundTrip) {
   TempDir tmp;
   const fs::path in = tmp.path() / "in", out = tmp.path() / "out";

@@ -2,6 +2,7 @@
 // bytes), its config, and the quantization format and group size detected
 // from the config and checked against the tensor shapes.
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -136,7 +137,12 @@ void print_text(const nlohmann::json& r) {
 
 // ---- GGUF files ----------------------------------------------------------------
 
+// A GGUF file by its magic, or by its name: a corrupt `.gguf` file then gets
+// the GGUF reader's error (bad magic, truncated header) rather than the
+// safetensors reader's, which would name a format the user never gave it.
+// The engine's loaders decide by the extension too.
 bool is_gguf_file(const std::string& path) {
+  if (std::filesystem::path(path).extension() == ".gguf") return true;
   std::ifstream in(path, std::ios::binary);
   char magic[4] = {};
   return in.read(magic, 4) && std::string(magic, 4) == "GGUF";
