@@ -147,7 +147,7 @@ TEST(Cli, MalformedFileExitsOneAndNamesTheFile) {
   EXPECT_NE(r.output.find("header"), std::string::npos) << r.output;
 }
 
-// A corrupt .gguf file is reported as a GGUF file (its magic), not as a
+// A corrupt .gguf file is reported as a GGUF file (by its name), not as a
 // safetensors file, whatever its first bytes.
 TEST(Cli, MalformedGgufIsReportedAsGguf) {
   TempDir tmp;
