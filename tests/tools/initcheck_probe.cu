@@ -15,17 +15,19 @@
 // whether the tool sees cuBLAS's stores, the reason for its exclusions.
 // Exit codes: 0 ran, 1 a CUDA or lowbit error (message on stderr), 2 usage,
 // 3 the case cannot run on this device (wgmma without sm_90a).
+#include <charconv>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <exception>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "lowbit/core/tensor.h"
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/cublas_gemm.h"
 #include "lowbit/cuda/random.h"
@@ -49,20 +51,19 @@ constexpr lowbit::W4A16Strategy kStrategies[] = {
 
 int run(const std::string& name, int64_t M) {
   using namespace lowbit;
-  void *x = nullptr, *y = nullptr, *w_dense = nullptr;
-  LOWBIT_CUDA_CHECK(cudaMalloc(&x, static_cast<size_t>(M * kK) * 2));
-  LOWBIT_CUDA_CHECK(cudaMalloc(&y, static_cast<size_t>(M * kN) * 2));
-  LOWBIT_CUDA_CHECK(cudaMalloc(&w_dense, static_cast<size_t>(kN * kK) * 2));
-  cuda::fill_random_f16(x, static_cast<size_t>(M * kK), 1, 1.0f);
-  cuda::fill_random_f16(w_dense, static_cast<size_t>(kN * kK), 2, 0.05f);
-  LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+  // Buffer is a bare cudaMalloc (no clearing), as the engine allocates.
+  const Buffer x(static_cast<size_t>(M * kK) * 2, Device::cuda);
+  const Buffer y(static_cast<size_t>(M * kN) * 2, Device::cuda);
+  const Buffer w_dense(static_cast<size_t>(kN * kK) * 2, Device::cuda);
+  cuda::fill_random_f16(x.data(), static_cast<size_t>(M * kK), 1, 1.0f);
+  cuda::fill_random_f16(w_dense.data(), static_cast<size_t>(kN * kK), 2, 0.05f);
   if (name == "kernel") {
-    store_every_output<<<static_cast<unsigned>((M * kN + 255) / 256), 256>>>(static_cast<half*>(y), M * kN);
-    LOWBIT_CUDA_CHECK(cudaGetLastError());
+    store_every_output<<<static_cast<unsigned>((M * kN + 255) / 256), 256>>>(y.as<half>(), M * kN);
+    LOWBIT_CUDA_CHECK_LAUNCH();
   } else if (name == "cublas") {
     cuda::CublasHandle handle;
-    cuda::gemm_f16_cublas(handle.get(), x, w_dense, y, M, kN, kK, nullptr);
-    LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+    cuda::gemm_f16_cublas(handle.get(), x.data(), w_dense.data(), y.data(), M, kN, kK, nullptr);
+    LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());  // before the handle goes
   } else {
     const std::optional<W4A16Strategy> strategy = parse_w4a16_strategy(name);  // main checked the name
     if (*strategy == W4A16Strategy::wgmma && !w4a16_wgmma_available()) {
@@ -73,20 +74,17 @@ int run(const std::string& name, int64_t M) {
     W4A16Workspace workspace;
     W4A16Options options;
     options.strategy = *strategy;
-    w4a16_gemm(TensorView::contiguous(x, DType::f16, {M, kK}, Device::cuda), w,
-               TensorView::contiguous(y, DType::f16, {M, kN}, Device::cuda), workspace, options, nullptr);
-    LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+    w4a16_gemm(TensorView::contiguous(x.data(), DType::f16, {M, kK}, Device::cuda), w,
+               TensorView::contiguous(y.data(), DType::f16, {M, kN}, Device::cuda), workspace, options, nullptr);
+    LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());  // before the workspace goes
   }
   LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<uint16_t> host(static_cast<size_t>(M * kN));
-  LOWBIT_CUDA_CHECK(cudaMemcpy(host.data(), y, host.size() * 2, cudaMemcpyDeviceToHost));
+  LOWBIT_CUDA_CHECK(cudaMemcpy(host.data(), y.data(), host.size() * 2, cudaMemcpyDeviceToHost));
   size_t nonzero = 0;
   for (uint16_t v : host) nonzero += (v & 0x7fff) != 0;
   std::printf("initcheck_probe %s M=%lld: %zu of %zu outputs nonzero\n", name.c_str(), static_cast<long long>(M),
               nonzero, host.size());
-  LOWBIT_CUDA_CHECK(cudaFree(x));
-  LOWBIT_CUDA_CHECK(cudaFree(y));
-  LOWBIT_CUDA_CHECK(cudaFree(w_dense));
   return 0;
 }
 
@@ -102,7 +100,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: initcheck_probe CASE [M]   (initcheck_probe --list names the cases; M: 1-8192)\n");
     return 2;
   }
-  const int64_t M = argc == 3 ? std::atoll(argv[2]) : 10;
+  int64_t M = 10;
+  if (argc == 3) {
+    const std::string_view text = argv[2];
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), M);
+    if (ec != std::errc{} || end != text.data() + text.size()) M = 0;
+  }
   if (M < 1 || M > 8192) {
     std::fprintf(stderr, "initcheck_probe: M must be 1-8192, not '%s'\n", argv[2]);
     return 2;
