@@ -1,21 +1,34 @@
 #include "lowbit/core/parallel.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cstdlib>
 #include <exception>
 #include <mutex>
+#include <string>
+#include <string_view>
+#include <system_error>
 #include <thread>
 #include <vector>
+
+#include "lowbit/core/error.h"
 
 namespace lowbit {
 
 int num_threads() {
-  if (const char* env = std::getenv("LOWBIT_NUM_THREADS")) {
-    const int n = std::atoi(env);
-    if (n >= 1) return n;
+  if (const char* env = std::getenv("LOWBIT_NUM_THREADS"); env != nullptr && *env != '\0') {
+    // Strict: "8x", "0" or "-2" were once read as 8 or as unset, silently.
+    const std::string_view text(env);
+    int n = 0;
+    const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), n);
+    if (error != std::errc{} || end != text.data() + text.size() || n < 1 || n > kMaxThreads)
+      fail_argument("LOWBIT_NUM_THREADS", std::string("'") + env + "'",
+                    "a whole number of threads from 1 to " + std::to_string(kMaxThreads) +
+                        " (lowbit::kMaxThreads), or unset for every core");
+    return n;
   }
   const unsigned hw = std::thread::hardware_concurrency();
-  return hw == 0 ? 1 : static_cast<int>(hw);
+  return hw == 0 ? 1 : static_cast<int>(std::min<unsigned>(hw, kMaxThreads));
 }
 
 void parallel_for(int64_t begin, int64_t end, int64_t grain,

@@ -1,7 +1,9 @@
 #include "lowbit/engine/thread_pool.h"
 
 #include <algorithm>
+#include <string>
 
+#include "lowbit/core/error.h"
 #include "lowbit/core/parallel.h"
 
 namespace lowbit::engine {
@@ -56,6 +58,8 @@ struct ThreadPool::Job {
 };
 
 ThreadPool::ThreadPool(int threads) {
+  LOWBIT_CHECK_ARG(threads <= kMaxThreads, "threads", threads,
+                   "at most " + std::to_string(kMaxThreads) + " (lowbit::kMaxThreads), or 0 for lowbit::num_threads()");
   const int n = threads > 0 ? threads : num_threads();
   for (int i = 1; i < n; ++i) workers_.emplace_back([this] { worker_loop(); });
 }

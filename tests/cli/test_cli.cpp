@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -116,12 +117,29 @@ TEST(Cli, BenchGemmOptions) {
       {"bench model --random-weights --gemv-splits qkv=4 --tune-gemms", "excludes"},
       {"bench gemm --l2-flush sideways", "sideways"},
       {"bench gemm --strategies gemv,sideways", "sideways"},
+      // Counts below their bound say so in words (CLI11's own check printed a
+      // 300-digit double range), and a thread count past lowbit::kMaxThreads
+      // is refused before a pool of them starts.
+      {"bench gemm --m 1,0", "--m: must be at least 1, got 0"},
+      {"bench gemm --m 1,x", "'x' is not a number"},
+      {"bench attention --batch 0", "--batch: must be at least 1, got 0"},
+      {"bench model --reps 0", "--reps: must be at least 1, got 0"},
+      {"generate --kv-fp16-window -1", "--kv-fp16-window: must be at least 0, got -1"},
+      {"generate --threads 100000 --prompt hi", "--threads"},
   };
   for (const auto& [command, needle] : usage_errors) {
     const RunResult r = run_lowbit(command);
     EXPECT_EQ(r.exit_code, 2) << command << "\n" << r.output;
     EXPECT_NE(r.output.find(needle), std::string::npos) << command << ": " << needle << "\n" << r.output;
+    EXPECT_EQ(r.output.find("0.000000"), std::string::npos) << command << "\n" << r.output;
   }
+  // LOWBIT_NUM_THREADS is read strictly: a malformed value is an error (exit 1) that names it.
+  // (The child inherits this process's environment; no other test here reads the variable.)
+  ::setenv("LOWBIT_NUM_THREADS", "8x", 1);
+  const RunResult bad_threads = run_lowbit("env");
+  ::unsetenv("LOWBIT_NUM_THREADS");
+  EXPECT_EQ(bad_threads.exit_code, 1) << bad_threads.output;
+  EXPECT_NE(bad_threads.output.find("LOWBIT_NUM_THREADS"), std::string::npos) << bad_threads.output;
 }
 
 TEST(Cli, VersionAndEnv) {

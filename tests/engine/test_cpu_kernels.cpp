@@ -10,7 +10,9 @@
 #include <random>
 #include <vector>
 
+#include "error_matchers.h"
 #include "lowbit/core/error.h"
+#include "lowbit/core/parallel.h"
 #include "lowbit/engine/cpu_kernels.h"
 #include "lowbit/engine/thread_pool.h"
 #include "lowbit/engine/weights.h"
@@ -181,6 +183,13 @@ TEST(ThreadPool, CoversTheRangeOnceAndRethrows) {
     for (int64_t i = a; i < b; ++i) sum += i;
   });
   EXPECT_EQ(sum.load(), 4950);
+}
+
+// A pool of more than lowbit::kMaxThreads threads is refused before any
+// thread starts: 100000 of them took minutes to start on two cores.
+TEST(ThreadPool, RefusesMoreThanTheBound) {
+  EXPECT_TRUE(throws_error([] { engine::ThreadPool pool(kMaxThreads + 1); }, ErrorKind::invalid_argument,
+                           {"threads", "1025", "at most 1024"}));
 }
 
 }  // namespace

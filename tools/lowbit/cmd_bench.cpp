@@ -45,9 +45,9 @@ void add_bench_command(CLI::App& app) {
       ->check(CLI::IsMember(labels));
   gemm->add_option("--m", options.ms, "Values of M, comma-separated")
       ->delimiter(',')
-      ->check(CLI::PositiveNumber)
+      ->check(at_least(1))
       ->capture_default_str();
-  gemm->add_option("--reps", options.reps, "Timed calls per point")->check(CLI::PositiveNumber)->capture_default_str();
+  gemm->add_option("--reps", options.reps, "Timed calls per point")->check(at_least(1))->capture_default_str();
   gemm->add_option("--group-size", options.group_size, "Quantization group size")
       ->check(CLI::IsMember({32, 64, 128, 256, -1}))
       ->capture_default_str();
@@ -68,18 +68,18 @@ void add_bench_command(CLI::App& app) {
   gemm->add_option("--gemv-splits", options.gemv_splits,
                    "Also time the gemv strategy with these K splits forced (M <= 16 only)")
       ->delimiter(',')
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   gemm->add_option("--wgmma-tail-splits", options.wgmma_tail_splits,
                    "Also time the wgmma strategy with the leftover tiles of a partly filled last wave split "
                    "this many ways along K (1: no split; points without such tiles are skipped; sm_90a only)")
       ->delimiter(',')
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   gemm->add_option("--wgmma-stream-k", options.wgmma_stream_k_ctas,
                    "Also time the wgmma strategy with stream-K over this many CTAs (1: none, the uniform K "
                    "split or the tail split; fewer CTAs than tiles: ranges of several tiles; points on tiles "
                    "of fewer than 64 rows are skipped; sm_90a only)")
       ->delimiter(',')
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   gemm->add_option("--wgmma-ctas-per-sm", options.wgmma_ctas_per_sm,
                    "Also time the wgmma strategy with the 64-row tile built for this many resident CTAs per SM "
                    "(2 or 3; points that run other tiles are skipped; sm_90a only)")
@@ -90,7 +90,7 @@ void add_bench_command(CLI::App& app) {
                    "tiles, every column tile in turn (a count >= the row tiles: row tiles fastest over the "
                    "whole grid, the order without groups; points that run stream-K are skipped; sm_90a only)")
       ->delimiter(',')
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   gemm->add_option("--row-remainder", options.row_remainders,
                    "Also time auto with the rows past the last whole 256-row tile run as a second GEMM: 1 never, "
                    "2 always (points of M <= 256 or a multiple of 256 are skipped; auto's own rule decides in "

@@ -37,9 +37,9 @@ void add_bench_ans_command(CLI::App& bench) {
       ->check(CLI::Range(int64_t{16}, int64_t{65536}))
       ->capture_default_str();
   cmd->add_option("--layers", options.layers, "K: matrices per chain")->check(CLI::Range(1, 1000))->capture_default_str();
-  cmd->add_option("--reps", options.reps, "Timed calls per resident point")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--reps", options.reps, "Timed calls per resident point")->check(at_least(1))->capture_default_str();
   cmd->add_option("--copy-reps", options.copy_reps, "Timed calls per point with copies")
-      ->check(CLI::PositiveNumber)
+      ->check(at_least(1))
       ->capture_default_str();
   cmd->add_option("--seed", options.seed, "Seed of the synthetic weights")->capture_default_str();
   cmd->add_flag("--no-figure2", no_figure2, "Skip Figure 2");

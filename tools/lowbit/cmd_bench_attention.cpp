@@ -19,28 +19,28 @@ void add_bench_attention_command(CLI::App& bench) {
   static KvAttentionBenchOptions options;
   cmd->add_option("--batch", options.batches, "Batch sizes, comma-separated")
       ->delimiter(',')
-      ->check(CLI::PositiveNumber)
+      ->check(at_least(1))
       ->capture_default_str();
   cmd->add_option("--context", options.contexts, "Context lengths in tokens, comma-separated")
       ->delimiter(',')
-      ->check(CLI::PositiveNumber)
+      ->check(at_least(1))
       ->capture_default_str();
   cmd->add_option("--page-size", options.page_size, "Tokens per page (a multiple of 16 in [16, 256])")
       ->check(CLI::Range(16, 256))
       ->capture_default_str();
-  cmd->add_option("--reps", options.reps, "Timed calls per decode point")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--reps", options.reps, "Timed calls per decode point")->check(at_least(1))->capture_default_str();
   cmd->add_option("--prefill-tokens", options.prefill_tokens, "Prefill length: times the K/V quantization and both prefill attention kernels, tiled and decode-per-token (0: skip)")
       ->check(CLI::Range(0, 65535))
       ->capture_default_str();
   cmd->add_option("--prefill-reps", options.prefill_reps, "Timed calls of each prefill attention kernel")
-      ->check(CLI::PositiveNumber)
+      ->check(at_least(1))
       ->capture_default_str();
   cmd->add_option("--split-tokens", options.split_tokens,
                   "KV chunk lengths per CTA (multiples of 16, comma-separated) to time besides the one chosen\n"
                   "by the split heuristic, for decode and for the tiled prefill (--prefill-tokens); their rows\n"
                   "are marked split_forced")
       ->delimiter(',')
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   cmd->add_option("--cta-warps", options.cta_warps,
                   "CTA layouts of the tq4 decode kernel (8 or 16 warps per CTA, comma-separated) to time besides\n"
                   "the one chosen by the work per call, each with its own chunk length and every --split-tokens\n"

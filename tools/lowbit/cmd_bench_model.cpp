@@ -37,22 +37,22 @@ void add_bench_model_command(CLI::App& bench) {
   model->add_option("--kv-fp16-window", options.kv_fp16_window,
                     "With the tq formats: each sequence's newest N tokens also as fp16 copies, attended from\n"
                     "them (lowbit generate's --kv-fp16-window), to time what the window costs")
-      ->check(CLI::NonNegativeNumber)
+      ->check(at_least(0))
       ->capture_default_str();
   model->add_option("--batch", options.batches, "Batch sizes")
       ->delimiter(',')
-      ->check(CLI::PositiveNumber)
+      ->check(at_least(1))
       ->capture_default_str();
   model->add_option("--context", options.contexts, "Context lengths (tokens already in the cache)")
       ->delimiter(',')
-      ->check(CLI::PositiveNumber)
+      ->check(at_least(1))
       ->capture_default_str();
   model
       ->add_option("--max-prefill-context", options.max_prefill_context,
                    "Time prefill only for contexts up to this length")
       ->capture_default_str();
   model->add_option("--reps", options.reps, "Timed decode steps per point")
-      ->check(CLI::PositiveNumber)
+      ->check(at_least(1))
       ->capture_default_str();
   auto* tune = model->add_flag("--tune-gemms", options.tune_gemms,
                   "Run single-row W4A16 GEMMs with the plan timed fastest per layer shape when the engine is made "

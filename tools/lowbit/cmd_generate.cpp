@@ -184,11 +184,11 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--max-tokens", o.max_tokens, "New tokens per prompt")->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   cmd->add_flag("--chat", o.chat, "Wrap the prompt in the model's chat template (a user turn)");
   cmd->add_option("--temperature", o.temperature, "0 = greedy")->check(CLI::Range(0.0f, 100.0f));
-  cmd->add_option("--top-k", o.top_k, "Sample among the k most likely tokens (0 = all)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--top-k", o.top_k, "Sample among the k most likely tokens (0 = all)")->check(at_least(0));
   cmd->add_option("--top-p", o.top_p, "Nucleus sampling threshold in (0, 1]")->check(CLI::Range(0.0f, 1.0f));
   cmd->add_option("--seed", o.seed, "Sampling seed");
   cmd->add_option("--max-context", o.max_context, "KV cache capacity per prompt in tokens (default: prompt + max-tokens)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(at_least(0));
   cmd->add_flag("--quiet", o.quiet, "Print only the generated text");
   cmd->add_option("--json", o.json, "Also write the numbers as one JSON line to this file");
   cmd->add_flag("--ignore-eos", o.ignore_eos, "Do not stop at end-of-generation tokens (for timing N tokens)");

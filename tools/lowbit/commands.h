@@ -7,6 +7,12 @@
 
 namespace lowbit::cli {
 
+// A number option's lower bound, for the counts and sizes of every command:
+// "--m: must be at least 1, got 0". Why not CLI11's PositiveNumber and
+// NonNegativeNumber: CLI11 2.1 words them as a range of doubles ("Value 0 not
+// in range 0.000000 to 17976931348623157081...", 300 digits).
+CLI::Validator at_least(long long lower_bound);
+
 void add_env_command(CLI::App& app);
 void add_inspect_command(CLI::App& app);
 void add_quantize_command(CLI::App& app);

@@ -5,7 +5,9 @@
 #include <memory>
 #include <string>
 
+#include "commands.h"
 #include "lowbit/core/error.h"
+#include "lowbit/core/parallel.h"
 #include "lowbit/gguf/gguf_file.h"
 #include "progress.h"
 
@@ -92,10 +94,10 @@ void add_model_run_options(CLI::App& cmd, ModelRunOptions& o) {
                  "without it and 98.4% with 64, and over a 6k-token text tq4 K/V cost 8.4% perplexity without "
                  "it and 0.7% with 64 (docs/engine.md). On CUDA the window costs a kernel per layer and step, and "
                  "prompts are attended 256 tokens at a time")
-      ->check(CLI::NonNegativeNumber)
+      ->check(at_least(0))
       ->capture_default_str();
-  cmd.add_option("--threads", o.threads, "CPU threads (default: LOWBIT_NUM_THREADS or all cores)")
-      ->check(CLI::NonNegativeNumber);
+  cmd.add_option("--threads", o.threads, "CPU threads, at most " + std::to_string(kMaxThreads) + " (default: LOWBIT_NUM_THREADS or all cores)")
+      ->check(CLI::Range(0, kMaxThreads));
   cmd.add_flag("--tune-gemms", o.tune_gemms,
                "CUDA: time the 4-bit GEMM kernels per layer shape when the model is loaded (a few ms each) and "
                "decode single sequences with the fastest, each timed alone (slower in a whole decode step on an "

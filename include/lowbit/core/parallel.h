@@ -8,7 +8,15 @@
 
 namespace lowbit {
 
-// Number of worker threads: LOWBIT_NUM_THREADS if set (>= 1), else the hardware count.
+// The most CPU threads lowbit starts for one loop or pool. Why a bound: a
+// pool of 100000 threads (a typo in --threads or LOWBIT_NUM_THREADS) takes
+// minutes to start and then spins on two cores; no machine we run on has a
+// thousand cores, and past the core count more threads only compete.
+inline constexpr int kMaxThreads = 1024;
+
+// Number of worker threads: LOWBIT_NUM_THREADS if set (a whole number from 1
+// to kMaxThreads; anything else throws Error(invalid_argument) naming it),
+// else the hardware count, at most kMaxThreads. An empty variable counts as unset.
 int num_threads();
 
 // Calls body(begin_i, end_i) on disjoint chunks covering [begin, end), each of

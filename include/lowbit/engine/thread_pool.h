@@ -23,6 +23,7 @@ namespace lowbit::engine {
 class ThreadPool {
  public:
   // threads <= 0: lowbit::num_threads() (LOWBIT_NUM_THREADS or the hardware count).
+  // Error(invalid_argument) above lowbit::kMaxThreads (core/parallel.h).
   explicit ThreadPool(int threads = 0);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
