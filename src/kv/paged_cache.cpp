@@ -7,6 +7,7 @@
 
 #include "lowbit/core/error.h"
 #include "lowbit/core/half.h"
+#include "lowbit/core/host_memory.h"
 #include "lowbit/core/parallel.h"
 #include "span_checks.h"
 
@@ -64,6 +65,15 @@ PagedKvCache::PagedKvCache(const KvCacheConfig& config) : config_(config) {
     rotations_.push_back(Rotation::make(config_.rotation, config_.head_dim,
                                         layer_rotation_seed(config_.rotation_seed_base, l)));
   const int64_t pool = config_.num_pages * config_.num_kv_heads * layout_.bytes;
+  // Refused here rather than killed by the OOM killer once the pools below
+  // are cleared: every page is allocated up front.
+  int64_t pools_bytes = 0;
+  if (__builtin_mul_overflow(pool, static_cast<int64_t>(config_.num_layers), &pools_bytes))
+    pools_bytes = std::numeric_limits<int64_t>::max();
+  require_host_memory(pools_bytes,
+                      "the paged KV cache (" + std::to_string(config_.num_layers) + " layers x " +
+                          std::to_string(config_.num_pages) + " pages x " + std::to_string(config_.num_kv_heads) +
+                          " KV heads x " + std::to_string(layout_.bytes) + " bytes)");
   for (int l = 0; l < config_.num_layers; ++l) {
     pools_.emplace_back(static_cast<size_t>(pool));
     std::memset(pools_.back().data(), 0, static_cast<size_t>(pool));

@@ -6,6 +6,7 @@
 #include <cctype>
 
 #include "ans_test_util.h"
+#include "lowbit/core/host_memory.h"
 #include "lowbit/cuda/device.h"
 
 namespace {
@@ -59,6 +60,14 @@ TEST(AnsCli, UsageErrorsExitTwo) {
   EXPECT_EQ(missing.exit_code, 2);
   EXPECT_TRUE(contains(missing.output, "/no/such/file.bin")) << missing.output;
   EXPECT_EQ(run_cli("ans run /no/such/file.bin").exit_code, 2);
+  EXPECT_FALSE(std::filesystem::exists(out));
+  // A chain larger than the machine's memory (19.5 TiB: the codes and their
+  // encoding) is refused at once, with its size, before anything is
+  // generated or written (it used to run until the OOM killer ended it).
+  if (!lowbit::host_memory_available()) return;  // no /proc/meminfo: the check does nothing (documented)
+  const auto too_big = run_cli("ans make-synthetic --layers 10000 --dim 32768 --out " + out);
+  EXPECT_EQ(too_big.exit_code, 1) << too_big.output;
+  EXPECT_TRUE(contains(too_big.output, "needs 19.5 TiB of host memory")) << too_big.output;
   EXPECT_FALSE(std::filesystem::exists(out));
 }
 

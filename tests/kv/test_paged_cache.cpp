@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <set>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "error_matchers.h"
 #include "kv_test_util.h"
 #include "lowbit/core/half.h"
+#include "lowbit/core/host_memory.h"
 #include "lowbit/kv/paged_cache.h"
 #include "tolerances.h"
 
@@ -54,6 +56,21 @@ TEST(PagedKvCache, ConfigErrorsNameTheField) {
   KvCacheConfig ok = small_config();
   ok.head_dim = 96;  // haar takes any multiple of 32
   EXPECT_NO_THROW(PagedKvCache{ok});
+}
+
+// Every page is allocated (and cleared) when the cache is made, so a pool
+// larger than the machine is refused there with its size, not left to the
+// OOM killer (Linux lends memory it does not have).
+TEST(PagedKvCache, APoolLargerThanTheMachineIsRefusedWithItsSize) {
+  if (!host_memory_available()) GTEST_SKIP() << "no /proc/meminfo here: the check does nothing (documented)";
+  KvCacheConfig c = small_config();
+  c.num_layers = 40;
+  c.num_kv_heads = 8;
+  c.head_dim = 128;
+  c.page_size = 256;
+  c.num_pages = std::numeric_limits<int32_t>::max();  // ~1.8 PiB per layer
+  EXPECT_TRUE(throws_error([&] { PagedKvCache cache(c); }, ErrorKind::unsupported,
+                           {"the paged KV cache (40 layers x 2147483647 pages x 8 KV heads", "PiB of host memory"}));
 }
 
 TEST(PagedKvCache, SlabSectionsAre16ByteAligned) {

@@ -23,6 +23,7 @@
 #include "lowbit/ans/ans_file.h"
 #include "lowbit/ans/synthetic.h"
 #include "lowbit/core/error.h"
+#include "lowbit/core/host_memory.h"
 #include "lowbit/core/parallel.h"
 #include "lowbit/cuda/device.h"
 
@@ -237,6 +238,11 @@ void add_make_synthetic(CLI::App* ans) {
     if (o.granularity != Granularity::per_tensor && !eo.drop_scales && eo.container != Container::lowbit)
       fail(ErrorKind::invalid_argument, "--format ", f.encode.format, " keeps one delta per matrix and cannot store ",
            f.quant, " scales: use --format lowbit, or --drop-scales to write the codes alone");
+    // The chain's codes (one byte per weight) and the encoded container are
+    // in memory together: refuse a chain that cannot be, before generating it.
+    require_host_memory(2 * f.layers * f.dim * f.dim,
+                        "make-synthetic (" + std::to_string(f.layers) + " matrices of " + std::to_string(f.dim) + " x " +
+                            std::to_string(f.dim) + " one-byte codes, and their encoding beside them)");
     const auto t0 = std::chrono::steady_clock::now();
     const Chain chain = make_synthetic_chain(o);
     const double t_gen = seconds_since(t0);
