@@ -1,5 +1,4 @@
 // Option checks shared by the commands (declared in commands.h).
-#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -15,7 +14,6 @@ CLI::Validator at_least(long long lower_bound) {
         // Parsed as a double so that one check serves int and float options;
         // the option's own conversion still refuses "1.5" for an integer.
         char* end = nullptr;
-        errno = 0;
         const double value = std::strtod(text.c_str(), &end);
         if (end == text.c_str() || *end != '\0' || std::isnan(value)) return "'" + text + "' is not a number";
         if (value < static_cast<double>(lower_bound)) return "must be at least " + bound + ", got " + text;
